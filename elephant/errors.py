@@ -1,0 +1,35 @@
+"""One picklable exception tree for elephant.
+
+Only text crosses reliably from a Spark task to the driver, so every message
+stands on its own: it names the argument, the partition and attempt, or the
+parameter-server address it concerns.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ElephantError", "ConfigError", "DataError", "PSError", "ProtocolError"]
+
+
+class ElephantError(Exception):
+    """Base class of every error raised by elephant."""
+
+    def __reduce__(self):
+        # Keep pickling trivial (Spark ships exceptions between processes):
+        # subclasses take a single message argument.
+        return (type(self), (str(self),))
+
+
+class ConfigError(ElephantError, ValueError):
+    """A setting is unknown, out of range, or cannot be combined with another."""
+
+
+class DataError(ElephantError, ValueError):
+    """Input data is empty, mis-shaped, or does not match the model."""
+
+
+class PSError(ElephantError, RuntimeError):
+    """The parameter server could not be reached or refused a request."""
+
+
+class ProtocolError(ElephantError, ValueError):
+    """A message on the wire is malformed (bad header, count, shape, dtype or value)."""

@@ -1,0 +1,96 @@
+"""Pure numpy operations over lists of arrays (Keras ``get_weights()`` order).
+
+Every function returns new arrays and never mutates its arguments, so the
+optimizer rules built on top of them stay pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from elephant.errors import DataError
+
+Weights = list[np.ndarray]
+
+__all__ = [
+    "Weights",
+    "add",
+    "sub",
+    "scale",
+    "mul",
+    "weighted_mean",
+    "zeros_like",
+    "copy",
+    "check_same_structure",
+    "all_finite",
+    "nbytes",
+]
+
+
+def add(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> Weights:
+    """Element-wise ``a + b`` for each array pair."""
+    return [x + y for x, y in zip(a, b, strict=True)]
+
+
+def sub(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> Weights:
+    """Element-wise ``a - b`` for each array pair."""
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def mul(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> Weights:
+    """Element-wise ``a * b`` for each array pair."""
+    return [x * y for x, y in zip(a, b, strict=True)]
+
+
+def scale(a: Sequence[np.ndarray], factor: float) -> Weights:
+    """Every array multiplied by ``factor``, dtype preserved."""
+    return [(x * factor).astype(x.dtype, copy=False) for x in a]
+
+
+def zeros_like(a: Sequence[np.ndarray]) -> Weights:
+    return [np.zeros_like(x) for x in a]
+
+
+def copy(a: Sequence[np.ndarray]) -> Weights:
+    return [np.array(x, copy=True) for x in a]
+
+
+def weighted_mean(items: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> Weights:
+    """Mean of several weight lists, weighted by ``weights`` (e.g. sample counts).
+
+    Entries with zero weight contribute nothing; at least one weight must be positive.
+    """
+    if len(items) != len(weights):
+        raise ValueError(f"got {len(items)} weight lists but {len(weights)} weights")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weighted_mean needs a positive total weight; received weights={list(weights)}")
+    first = items[0]
+    out = [np.zeros(x.shape, dtype=np.float64) for x in first]
+    for item, w in zip(items, weights):
+        if w == 0:
+            continue
+        for acc, x in zip(out, item, strict=True):
+            acc += (w / total) * x
+    return [acc.astype(x.dtype) for acc, x in zip(out, first)]
+
+
+def check_same_structure(expected: Sequence[np.ndarray], received: Sequence[np.ndarray], what: str = "weights") -> None:
+    """Raise ``DataError`` unless both lists have the same count, shapes and dtypes."""
+    if len(expected) != len(received):
+        raise DataError(f"{what}: expected {len(expected)} arrays, received {len(received)}")
+    for i, (e, r) in enumerate(zip(expected, received)):
+        if e.shape != r.shape:
+            raise DataError(f"{what}[{i}]: expected shape {e.shape}, received {r.shape}")
+        if e.dtype != r.dtype:
+            raise DataError(f"{what}[{i}]: expected dtype {e.dtype}, received {r.dtype}")
+
+
+def all_finite(a: Sequence[np.ndarray]) -> bool:
+    return all(bool(np.isfinite(x).all()) for x in a if x.dtype.kind == "f")
+
+
+def nbytes(a: Sequence[np.ndarray]) -> int:
+    return sum(int(x.nbytes) for x in a)
