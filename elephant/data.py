@@ -1,0 +1,228 @@
+"""Turn numpy arrays, RDDs and DataFrames into partitions of numpy blocks.
+
+A *block* is ``(x_block, y_block)``: ``x_block`` is an array, or a list/dict of
+arrays for multi-input models; ``y_block`` likewise for multi-output models
+(``None`` when there are no labels). Each partition of the training RDD holds
+one block, so the training hot path works on whole arrays and never loops over
+rows in Python. RDDs of records and DataFrames are converted to blocks once per
+fit and cached.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from elephant.errors import DataError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "is_rdd",
+    "is_dataframe",
+    "num_samples",
+    "take",
+    "split_numpy",
+    "check_xy",
+    "check_features",
+    "stack_records",
+    "records_are_blocks",
+    "dataframe_blocks",
+    "concat_blocks",
+]
+
+
+def is_rdd(x: Any) -> bool:
+    return type(x).__name__ in ("RDD", "PipelinedRDD") and hasattr(x, "mapPartitions")
+
+
+def is_dataframe(x: Any) -> bool:
+    return type(x).__name__ == "DataFrame" and hasattr(x, "schema")
+
+
+def _leaves(x: Any) -> list[np.ndarray]:
+    if isinstance(x, Mapping):
+        return [np.asarray(v) for v in x.values()]
+    if isinstance(x, (list, tuple)):
+        return [np.asarray(v) for v in x]
+    return [np.asarray(x)]
+
+
+def _map(x: Any, fn):
+    if isinstance(x, Mapping):
+        return {k: fn(np.asarray(v)) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [fn(np.asarray(v)) for v in x]
+    return fn(np.asarray(x))
+
+
+def num_samples(x: Any, name: str = "x") -> int:
+    """Number of samples in an array or a list/dict of arrays (all must agree)."""
+    leaves = _leaves(x)
+    if not leaves:
+        raise DataError(f"`{name}` holds no arrays; received {name}={x!r}")
+    lengths = {len(a) if a.ndim else 0 for a in leaves}
+    if len(lengths) != 1:
+        raise DataError(f"the arrays of `{name}` have different lengths: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def take(x: Any, index) -> Any:
+    """Rows ``index`` (a slice or an index array) of every array in ``x``."""
+    if x is None:
+        return None
+    return _map(x, lambda a: a[index])
+
+
+def split_numpy(x: Any, y: Any, num_parts: int, seed: int | None = 0) -> list[tuple[Any, Any]]:
+    """Split ``(x, y)`` into ``num_parts`` blocks of near-equal size.
+
+    Rows are shuffled once with ``seed`` (``None`` keeps the given order) so that
+    each worker sees a representative shard even when the input is sorted.
+    """
+    n = num_samples(x)
+    order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+    return [(take(x, idx), take(y, idx)) for idx in np.array_split(order, num_parts)]
+
+
+def check_xy(x: Any, y: Any) -> int:
+    """Validate numpy ``x``/``y`` and return the number of samples."""
+    n = num_samples(x, "x")
+    if n == 0:
+        raise DataError("`x` is empty (0 samples); elephant needs at least one sample to train")
+    if y is not None:
+        ny = num_samples(y, "y")
+        if ny != n:
+            raise DataError(f"`x` and `y` have different lengths: x has {n} samples, y has {ny}")
+    for a in _leaves(x):
+        if a.dtype == object:
+            raise DataError("`x` holds an object array; convert it to a numeric dtype first")
+    return n
+
+
+def model_input_shapes(model) -> list[tuple] | None:
+    """Per-input shapes without the batch dimension, or None when unknown."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not inputs:
+        return None
+    return [tuple(t.shape[1:]) for t in inputs]
+
+
+def check_features(model, x: Any, name: str = "x") -> None:
+    """Raise ``DataError`` unless the feature shapes of ``x`` fit the model's inputs."""
+    expected = model_input_shapes(model)
+    if expected is None:
+        return
+    leaves = _leaves(x)
+    if len(leaves) != len(expected):
+        raise DataError(f"the model has {len(expected)} inputs but `{name}` provides {len(leaves)} arrays")
+    for i, (a, want) in enumerate(zip(leaves, expected)):
+        got = tuple(a.shape[1:])
+        ok = len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got))
+        if not ok:
+            where = name if len(expected) == 1 else f"{name}[{i}]"
+            raise DataError(
+                f"`{where}` has feature shape {got} but the model expects {tuple(want)} "
+                f"(shape without the batch dimension; None matches any size)"
+            )
+
+
+def records_are_blocks(first: Any, expected_shapes: list[tuple] | None) -> bool:
+    """Whether an RDD's first element is an ``(x_block, y_block)`` pair rather than one record.
+
+    Decided from the model's input rank: a block's features carry a batch
+    dimension, a record's do not.
+    """
+    if not isinstance(first, tuple) or len(first) != 2:
+        raise DataError(
+            f"an RDD passed to elephant must hold (features, label) records or (x_block, y_block) pairs; "
+            f"its first element is {type(first).__name__}"
+        )
+    features = _leaves(first[0])[0]
+    if expected_shapes is None:
+        return features.ndim >= 2
+    return features.ndim == len(expected_shapes[0]) + 1
+
+
+def stack_records(records: Iterable[tuple[Any, Any]], feature_dtype=np.float32) -> Iterator[tuple[Any, Any]]:
+    """One block from an iterable of ``(features, label)`` records (empty -> nothing)."""
+    xs, ys = [], []
+    for features, label in records:
+        xs.append(features)
+        ys.append(label)
+    if not xs:
+        return iter(())
+    x = np.asarray(xs, dtype=feature_dtype)
+    y = np.asarray(ys)
+    return iter([(x, y)])
+
+
+def concat_blocks(blocks: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """Merge the ``(x_block, y_block)`` pairs of one partition into a single block."""
+    blocks = [b for b in blocks if num_samples(b[0]) > 0]
+    if not blocks:
+        return iter(())
+    if len(blocks) == 1:
+        return iter(blocks)
+    xs = [b[0] for b in blocks]
+    ys = [b[1] for b in blocks]
+    return iter([(_concat(xs), None if ys[0] is None else _concat(ys))])
+
+
+def _concat(parts: Sequence[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, Mapping):
+        return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in first}
+    if isinstance(first, (list, tuple)):
+        return [np.concatenate([np.asarray(p[i]) for p in parts]) for i in range(len(first))]
+    return np.concatenate([np.asarray(p) for p in parts])
+
+
+def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | None):
+    """An RDD of ``(x_block, y_block)`` from a DataFrame.
+
+    ``features_col`` may name a Vector column, an array column or a scalar
+    column, or be a list of scalar columns (stacked into one feature vector).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.ml.functions import vector_to_array
+
+    cols = [features_col] if isinstance(features_col, str) else list(features_col)
+    missing = [c for c in cols + ([label_col] if label_col else []) if c not in df.columns]
+    if missing:
+        raise DataError(f"DataFrame has no column(s) {missing}; its columns are {df.columns}")
+    exprs = []
+    for c in cols:
+        kind = type(df.schema[c].dataType).__name__
+        if kind == "VectorUDT":
+            exprs.append(vector_to_array(F.col(c)).alias(c))
+        elif kind in ("ArrayType",) or kind.endswith(("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")):
+            exprs.append(F.col(c))
+        else:
+            raise DataError(f"column {c!r} has type {df.schema[c].dataType.simpleString()}; expected a Vector, an array or a number")
+    if label_col:
+        exprs.append(F.col(label_col))
+    scalar_stack = len(cols) > 1
+    has_label = label_col is not None
+
+    def to_block(rows):
+        rows = list(rows)
+        if not rows:
+            return iter(())
+        n_feat = len(cols)
+        if scalar_stack:
+            x = np.asarray([r[:n_feat] for r in rows], dtype=np.float32)
+        else:
+            x = np.asarray([r[0] for r in rows], dtype=np.float32)
+            if x.ndim == 1:
+                x = x[:, None]
+        y = np.asarray([r[n_feat] for r in rows]) if has_label else None
+        return iter([(x, y)])
+
+    return df.select(*exprs).rdd.mapPartitions(to_block)

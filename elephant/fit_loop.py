@@ -1,0 +1,215 @@
+"""The driver side of one fit: data to cached blocks, PS lifecycle, one Spark job per epoch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from elephant import data as D
+from elephant import session
+from elephant import weights as W
+from elephant.errors import ConfigError, DataError
+from elephant.model_io import fingerprint, model_to_bytes
+from elephant.worker import TaskSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run_fit", "training_rdd", "aggregate_logs"]
+
+
+def _shape_summary(block) -> list[tuple]:
+    return [tuple(a.shape[1:]) for a in D._leaves(block[0])]
+
+
+def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
+    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked."""
+    model = sm.model
+    val = None
+    if D.is_rdd(x) or D.is_dataframe(x):
+        if validation_split:
+            raise ConfigError(
+                "`validation_split` works with numpy inputs only; for an RDD or DataFrame pass "
+                f"validation_data=(x_val, y_val); received validation_split={validation_split!r}"
+            )
+        if y is not None:
+            raise DataError("`y` must be None when `x` is an RDD or a DataFrame (labels travel inside `x`)")
+        if D.is_rdd(x):
+            num_workers = sm.num_workers or x.getNumPartitions()
+            if x.getNumPartitions() != num_workers:
+                x = x.repartition(num_workers)
+            first = x.first() if not x.isEmpty() else None
+            if first is None:
+                raise DataError("`x` is an empty RDD; elephant needs at least one sample to train")
+            as_blocks = D.records_are_blocks(first, D.model_input_shapes(model))
+            rdd = x.mapPartitions(D.concat_blocks if as_blocks else D.stack_records)
+        else:
+            num_workers = sm.num_workers or max(1, sc.defaultParallelism)
+            df = x if x.rdd.getNumPartitions() == num_workers else x.repartition(num_workers)
+            rdd = D.dataframe_blocks(df, features_col, label_col)
+        rdd = rdd.cache()
+        summary = rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), _shape_summary(b)) for b in it]]).collect()
+        sizes = [s[0][0] if s else 0 for s in summary]
+        if sum(sizes) == 0:
+            rdd.unpersist()
+            raise DataError("`x` holds no samples; elephant needs at least one sample to train")
+        shapes = next(s[0][1] for s in summary if s)
+        try:
+            D.check_features(model, [np.empty((0,) + sh) for sh in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
+        except DataError:
+            rdd.unpersist()
+            raise
+        return rdd, num_workers, None
+
+    n = D.check_xy(x, y)
+    D.check_features(model, x)
+    if validation_split:
+        cut = int(n * (1.0 - validation_split))
+        if cut == 0 or cut == n:
+            raise DataError(f"validation_split={validation_split} leaves no training or no validation samples out of {n}")
+        val = (D.take(x, slice(cut, None)), D.take(y, slice(cut, None)))
+        x, y = D.take(x, slice(0, cut)), D.take(y, slice(0, cut))
+        n = cut
+    num_workers = sm.num_workers or max(1, sc.defaultParallelism)
+    num_workers = min(num_workers, n)
+    blocks = D.split_numpy(x, y, num_workers, seed=sm.seed)
+    rdd = sc.parallelize(blocks, num_workers).cache()
+    return rdd, num_workers, val
+
+
+def aggregate_logs(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Sample-weighted mean of the partitions' local training logs."""
+    trained = [r for r in results if r["samples"] > 0 and r.get("logs")]
+    total = sum(r["samples"] for r in trained)
+    if not total:
+        return {}
+    keys = trained[0]["logs"].keys()
+    return {k: sum(r["logs"][k] * r["samples"] for r in trained) / total for k in keys}
+
+
+def _staleness_mean(before: dict, after: dict) -> float | None:
+    hist_a = {int(k): v for k, v in (after.get("staleness") or {}).items()}
+    hist_b = {int(k): v for k, v in (before.get("staleness") or {}).items()}
+    diff = {k: hist_a.get(k, 0) - hist_b.get(k, 0) for k in hist_a}
+    count = sum(diff.values())
+    return (sum(k * v for k, v in diff.items()) / count) if count else None
+
+
+def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
+    def task(iterator):
+        from pyspark import BarrierTaskContext, TaskContext
+
+        from elephant import worker
+        from elephant.ps.client import PSClient
+
+        ctx = BarrierTaskContext.get() if barrier else TaskContext.get()
+        with PSClient(spec.ps_url, spec.token, read_timeout=spec.read_timeout) as client:
+            return worker.run_partition(spec, ctx.partitionId(), ctx.taskAttemptId(), iterator, client, ctx.cpus())
+
+    stage = rdd.barrier() if barrier else rdd
+    return stage.mapPartitions(task).collect()
+
+
+def _callback_list(sm, callbacks, epochs):
+    import keras
+
+    cbks = keras.callbacks.CallbackList(
+        list(callbacks or []), add_history=True, add_progbar=False, model=sm.model, epochs=epochs, verbose=0, steps=None
+    )
+    history = next(c for c in cbks.callbacks if isinstance(c, keras.callbacks.History))
+    return cbks, history
+
+
+def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, callbacks, verbose,
+            features_col, label_col, shuffle):
+    from tqdm.auto import tqdm
+
+    if not (D.is_rdd(x) or D.is_dataframe(x)):  # numpy: check everything before Spark starts
+        if y is None:
+            raise DataError("`y` is required when `x` is a numpy array (or a list/dict of arrays)")
+        D.check_xy(x, y)
+        D.check_features(sm.model, x)
+    if validation_data is not None:
+        D.check_xy(*validation_data[:2])
+        D.check_features(sm.model, validation_data[0], "validation_data[0]")
+    spark = sm.spark
+    sc = spark.sparkContext
+    rdd, num_workers, val = training_rdd(
+        sm, sc, x, y, features_col=features_col, label_col=label_col, validation_split=validation_split
+    )
+    if validation_data is not None:
+        val = tuple(validation_data[:2])
+    barrier = sm.mode == "synchronous"
+    if barrier:
+        try:
+            session.check_barrier_slots(num_workers, session.task_slots(sc))
+        except ConfigError:
+            rdd.unpersist()
+            raise
+
+    from elephant.ps.app import create_app
+    from elephant.ps.server import PSServer
+    from elephant.ps.store import Store
+
+    run = uuid.uuid4().hex[:12]
+    token = secrets.token_urlsafe(32)
+    center = sm.model.get_weights()
+    store = Store(center, sm.optimizer, sm.mode, num_workers, run)
+    app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
+    server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
+    model_bytes = model_to_bytes(sm.model)
+    broadcast = sc.broadcast(model_bytes)
+    sm.job_group = f"elephant-{run}"
+    sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)
+    cbks, history = _callback_list(sm, callbacks, epochs)
+    show = verbose not in (0, False)
+    sm.model.stop_training = False
+    try:
+        server.start()
+        log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
+                 run, server.url, num_workers, sm.mode, sm.optimizer, sm.window)
+        cbks.on_train_begin()
+        metrics_before = store.metrics()
+        with tqdm(total=epochs, unit="epoch", disable=not show, desc="elephant") as bar:
+            for epoch in range(epochs):
+                cbks.on_epoch_begin(epoch)
+                t0 = time.perf_counter()
+                spec = TaskSpec(
+                    run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint(model_bytes),
+                    optimizer=sm.optimizer, window=sm.window, batch_size=batch_size, mode=sm.mode,
+                    ps_url=server.url, token=token, read_timeout=sm.read_timeout,
+                    custom_objects=sm.custom_objects or None, shuffle=shuffle,
+                    fault=os.environ.get("ELEPHANT_FAULT") or None,
+                )
+                results = _epoch_job(rdd, spec, barrier)
+                logs = aggregate_logs(results)
+                sm.model.set_weights(store.center())
+                if val is not None:
+                    val_logs = sm.model.evaluate(val[0], val[1], batch_size=batch_size, verbose=0, return_dict=True)
+                    logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
+                metrics_after = store.metrics()
+                if sm.mode != "synchronous":
+                    mean_tau = _staleness_mean(metrics_before, metrics_after)
+                    if mean_tau is not None:
+                        logs["staleness"] = mean_tau
+                metrics_before = metrics_after
+                log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
+                bar.set_postfix(commits=metrics_after.get("commits_applied", 0), loss=f"{logs.get('loss', float('nan')):.4f}")
+                bar.update(1)
+                cbks.on_epoch_end(epoch, logs)
+                if sm.model.stop_training:
+                    break
+        cbks.on_train_end()
+        sm.last_metrics = store.metrics()
+        sm.last_ledger = store.ledger()
+    finally:
+        server.stop()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        broadcast.unpersist()
+        rdd.unpersist()
+    return history

@@ -1,0 +1,185 @@
+"""Distributed predict and evaluate; every partition rebuilds the model once per process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from elephant import data as D
+from elephant.errors import DataError
+from elephant.model_io import fingerprint, model_to_bytes
+
+__all__ = ["predict", "evaluate", "ModelShipment"]
+
+
+class ModelShipment:
+    """A model's archive broadcast to executors, rebuilt at most once per Python worker."""
+
+    def __init__(self, sc, model, custom_objects=None):
+        data = model_to_bytes(model)
+        self.fingerprint = fingerprint(data)
+        self.broadcast = sc.broadcast(data)
+        self.custom_objects = custom_objects or None
+
+    def spec(self) -> tuple:
+        return (self.broadcast, self.fingerprint, self.custom_objects)
+
+    def close(self) -> None:
+        self.broadcast.unpersist()
+
+
+def _model(spec):
+    from elephant import worker
+
+    broadcast, fp, custom_objects = spec
+    worker.limit_threads(1)
+    return worker.cached_model(broadcast, fp, "inference", custom_objects)
+
+
+def _concat_outputs(parts: list[Any]) -> Any:
+    parts = [p for p in parts if p is not None]
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if isinstance(parts[0], (list, tuple)):
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+    return np.concatenate(parts)
+
+
+def _ordered_blocks(x: Any, num_workers: int) -> list[Any]:
+    n = D.num_samples(x)
+    return [D.take(x, idx) for idx in np.array_split(np.arange(n), min(num_workers, n))]
+
+
+def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
+            features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
+    sc = spark.sparkContext
+    if not (D.is_rdd(x) or D.is_dataframe(x)):
+        n = D.num_samples(x)
+        if n == 0:
+            raise DataError("`x` is empty (0 samples); nothing to predict")
+        D.check_features(model, x)
+    ship = ModelShipment(sc, model, custom_objects)
+    spec = ship.spec()
+    if D.is_dataframe(x):
+        return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)
+    if D.is_rdd(x):
+        return _predict_rdd(x, spec, batch_size, D.model_input_shapes(model))
+
+    def task(blocks):
+        from elephant.worker import predict_block
+
+        m = _model(spec)
+        return [predict_block(m, b, batch_size) for b in blocks]
+
+    try:
+        blocks = _ordered_blocks(x, num_workers)
+        # collect() returns partitions in order, so the output keeps the input order
+        parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
+    finally:
+        ship.close()
+    return _concat_outputs(parts)
+
+
+def _predict_rdd(rdd, spec, batch_size, expected_shapes):
+    first = rdd.first()
+    if isinstance(first, tuple) and len(first) == 2:
+        as_blocks = D.records_are_blocks(first, expected_shapes)
+        features_only = False
+    else:  # bare feature records (no labels)
+        as_blocks, features_only = False, True
+
+    def task(items):
+        from elephant.worker import predict_block
+
+        items = list(items)
+        if not items:
+            return iter(())
+        m = _model(spec)
+        if as_blocks:
+            return iter([predict_block(m, b[0], batch_size) for b in items])
+        feats = np.asarray([it if features_only else it[0] for it in items], dtype=np.float32)
+        return iter(list(predict_block(m, feats, batch_size)))
+
+    return rdd.mapPartitions(task)
+
+
+def _row_features(row, cols: list[str]) -> np.ndarray:
+    if len(cols) > 1:
+        return np.asarray([row[c] for c in cols], dtype=np.float32)
+    value = row[cols[0]]
+    if hasattr(value, "toArray"):  # pyspark.ml.linalg Vector
+        value = value.toArray()
+    return np.atleast_1d(np.asarray(value, dtype=np.float32))
+
+
+def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
+    from pyspark.sql import types as T
+
+    cols = [features_col] if isinstance(features_col, str) else list(features_col)
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise DataError(f"DataFrame has no column(s) {missing}; its columns are {df.columns}")
+    if prediction_col in df.columns:
+        raise DataError(f"DataFrame already has a column {prediction_col!r}; pass another prediction_col")
+    schema = T.StructType(list(df.schema.fields) + [T.StructField(prediction_col, T.ArrayType(T.FloatType()))])
+
+    def task(rows):
+        from elephant.worker import predict_block
+
+        rows = list(rows)
+        if not rows:
+            return iter(())
+        x = np.stack([_row_features(r, cols) for r in rows])
+        preds = np.asarray(predict_block(_model(spec), x, batch_size)).reshape(len(rows), -1)
+        return iter([tuple(r) + (p.tolist(),) for r, p in zip(rows, preds)])
+
+    # One pass over each partition: rows keep their order and get their own prediction.
+    return df.sparkSession.createDataFrame(df.rdd.mapPartitions(task), schema)
+
+
+def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom_objects=None,
+             features_col="features", label_col="label"):
+    sc = spark.sparkContext
+    if D.is_dataframe(x):
+        rdd = D.dataframe_blocks(x, features_col, label_col)
+    elif D.is_rdd(x):
+        first = x.first()
+        as_blocks = D.records_are_blocks(first, D.model_input_shapes(model))
+        rdd = x.mapPartitions(D.concat_blocks if as_blocks else D.stack_records)
+    else:
+        n = D.check_xy(x, y)
+        if y is None:
+            raise DataError("`y` is required to evaluate numpy inputs")
+        D.check_features(model, x)
+        idx = np.array_split(np.arange(n), min(num_workers, n))
+        rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) for i in idx], len(idx))
+    ship = ModelShipment(sc, model, custom_objects)
+    spec = ship.spec()
+
+    def task(blocks):
+        from elephant.worker import evaluate_block
+
+        out = []
+        m = None
+        for xb, yb in blocks:
+            count = D.num_samples(xb)
+            if count:
+                m = m or _model(spec)
+                out.append((count, evaluate_block(m, xb, yb, batch_size)))
+        return out
+
+    try:
+        parts = rdd.mapPartitions(task).collect()
+    finally:
+        ship.close()
+    if not parts:
+        raise DataError("`x` holds no samples to evaluate")
+    total = sum(c for c, _ in parts)
+    keys = list(parts[0][1].keys())
+    result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in keys}
+    if return_dict:
+        return result
+    values = [result[k] for k in keys]
+    return values[0] if len(values) == 1 else values

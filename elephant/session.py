@@ -1,0 +1,70 @@
+"""Finding or creating the SparkSession, and small decisions about the cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from elephant.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["get_or_create", "task_slots", "ps_host", "check_barrier_slots"]
+
+
+def get_or_create():
+    """The active SparkSession, else an embedded local one.
+
+    The embedded session runs ``local[*]`` on loopback with the UI off, and its
+    Python workers run this interpreter (``PYSPARK_PYTHON`` is set to
+    ``sys.executable`` when unset).
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    log.info("no active SparkSession; starting an embedded local[*] session on 127.0.0.1")
+    return (
+        SparkSession.builder.master("local[*]")
+        .appName("elephant")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+
+
+def task_slots(sc) -> int:
+    """How many tasks can run at once: default parallelism / cpus per task."""
+    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    return max(1, sc.defaultParallelism // max(1, cpus))
+
+
+def check_barrier_slots(num_workers: int, slots: int) -> None:
+    """Synchronous (barrier) mode needs every worker scheduled at once.
+
+    Spark does not fail fast when a barrier stage has more tasks than free
+    slots -- it keeps re-checking for minutes -- so refuse up front.
+    """
+    if num_workers > slots:
+        raise ConfigError(
+            f"mode='synchronous' runs all workers at once, but num_workers={num_workers} exceeds "
+            f"the {slots} task slots of this Spark cluster; lower num_workers or use mode='asynchronous'"
+        )
+
+
+def ps_host(sc) -> str:
+    """Address the parameter server binds to and workers connect to.
+
+    Local masters use loopback; on a cluster it is ``spark.driver.host``, the
+    address Spark itself tells executors to reach the driver on.
+    """
+    master = sc.master or ""
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return "127.0.0.1"
+    return sc.getConf().get("spark.driver.host", "127.0.0.1")

@@ -1,0 +1,246 @@
+"""SparkModel: fit, predict, evaluate, save and load on the driver."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from elephant import data as D
+from elephant import optimizers as O
+from elephant import session
+from elephant.errors import ConfigError, DataError
+from elephant.model_io import fingerprint, load_with_settings, model_to_bytes, save_with_settings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SparkModel", "load"]
+
+_FREQUENCY_HELP = "`frequency` must be 'epoch', 'batch', a positive int or None"
+
+
+def _check_mode(mode: Any) -> str:
+    if mode not in O.MODES:
+        raise ConfigError(f"`mode` must be 'synchronous', 'asynchronous' or 'hogwild'; received mode={mode!r}")
+    return mode
+
+
+def _check_frequency(frequency: Any) -> str | int | None:
+    if frequency is None or frequency in ("epoch", "batch"):
+        return frequency
+    if isinstance(frequency, (int, np.integer)) and not isinstance(frequency, bool) and frequency > 0:
+        return int(frequency)
+    raise ConfigError(f"{_FREQUENCY_HELP}; received frequency={frequency!r}")
+
+
+def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"`{name}` must be a positive int; received {name}={value!r}")
+    return int(value)
+
+
+def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimizer) -> int | None:
+    """Local steps per commit: None means one commit per partition pass."""
+    if frequency == "epoch":
+        return None
+    if frequency == "batch":
+        return 1
+    if frequency is None:
+        return optimizer.window
+    return frequency
+
+
+def _check_model(model: Any) -> None:
+    try:
+        import keras
+    except ImportError as exc:  # pragma: no cover
+        raise ConfigError("elephant needs keras (tensorflow>=2.21)") from exc
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"`model` must be a keras.Model; received {type(model).__name__}")
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ConfigError(
+            "`model` must be compiled before it is given to SparkModel: call "
+            "model.compile(optimizer=..., loss=..., metrics=...) first"
+        )
+
+
+class SparkModel:
+    """Train a compiled Keras model data-parallel on Spark.
+
+    Args:
+        model: a compiled ``keras.Model``. After :meth:`fit` it holds the trained
+            weights (``sm.model``).
+        mode: ``"synchronous"`` (barrier rounds), ``"asynchronous"`` (default;
+            commits applied one at a time under a lock) or ``"hogwild"`` (no
+            lock; racy by design).
+        frequency: ``"epoch"`` (one commit per partition pass), ``"batch"``
+            (every step), a positive int (local steps per commit) or None
+            (default: the optimizer's own window).
+        optimizer: a name, config dict or :class:`elephant.optimizers.DistributedOptimizer`;
+            None (default) means model averaging in synchronous mode and
+            DOWNPOUR otherwise.
+        num_workers: number of partitions trained in parallel; default: the
+            input RDD's partitions, else Spark's default parallelism.
+        spark: a SparkSession; default: the active one, else an embedded local one.
+        custom_objects: custom layers/losses needed to rebuild the model on workers.
+        read_timeout: seconds a worker waits for a parameter-server reply
+            (default 600: a synchronous commit waits for the whole round).
+        seed: seed of the shuffle that splits numpy data into shards (default 0).
+    """
+
+    def __init__(
+        self,
+        model,
+        mode: str = "asynchronous",
+        frequency: str | int | None = None,
+        optimizer: Any = None,
+        num_workers: int | None = None,
+        spark=None,
+        *,
+        custom_objects: Mapping[str, Any] | None = None,
+        read_timeout: float = 600.0,
+        seed: int | None = 0,
+    ):
+        _check_model(model)
+        self.model = model
+        self.mode = _check_mode(mode)
+        self.frequency = _check_frequency(frequency)
+        if optimizer is None:
+            optimizer = "modelaveraging" if mode == "synchronous" else "downpour"
+        self.optimizer = O.get(optimizer)
+        if self.mode not in self.optimizer.modes:
+            raise ConfigError(
+                f"optimizer {self.optimizer.name!r} supports mode(s) {list(self.optimizer.modes)}; "
+                f"received mode={mode!r}"
+            )
+        self.num_workers = _check_positive_int("num_workers", num_workers, allow_none=True)
+        self.custom_objects = dict(custom_objects or {})
+        if not (isinstance(read_timeout, (int, float)) and read_timeout > 0):
+            raise ConfigError(f"`read_timeout` must be a positive number of seconds; received read_timeout={read_timeout!r}")
+        self.read_timeout = float(read_timeout)
+        self.seed = seed
+        self._spark = spark
+        self.job_group: str | None = None
+        self.last_metrics: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def spark(self):
+        if self._spark is None:
+            self._spark = session.get_or_create()
+        return self._spark
+
+    @property
+    def window(self) -> int | None:
+        return resolve_window(self.frequency, self.optimizer)
+
+    def get_settings(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "frequency": self.frequency,
+            "optimizer": O.serialize(self.optimizer),
+            "num_workers": self.num_workers,
+            "read_timeout": self.read_timeout,
+            "seed": self.seed,
+        }
+
+    def __reduce__(self):
+        raise TypeError(
+            "SparkModel lives on the driver and cannot be pickled into a Spark task; "
+            "use sm.model (a keras.Model) or sm.save(path) instead"
+        )
+
+    # -------------------------------------------------------------------- fit
+    def fit(
+        self,
+        x,
+        y=None,
+        epochs: int = 1,
+        batch_size: int = 32,
+        validation_data=None,
+        validation_split: float = 0.0,
+        callbacks: Sequence[Any] | None = None,
+        verbose: str | int = "auto",
+        *,
+        features_col: str | Sequence[str] = "features",
+        label_col: str = "label",
+        shuffle: bool = True,
+    ):
+        """Train on Spark; returns a ``keras.callbacks.History``.
+
+        ``x`` may be numpy arrays (``y`` given), a list/dict of arrays for
+        multi-input models, an RDD of ``(features, label)`` records or of
+        ``(x_block, y_block)`` pairs, or a DataFrame (``features_col``,
+        ``label_col``). Standard Keras callbacks run on the driver at each
+        epoch's end. ``validation_data`` / ``validation_split`` (numpy only) are
+        evaluated on the driver's copy of the model after every epoch.
+        """
+        from elephant.fit_loop import run_fit
+
+        epochs = _check_positive_int("epochs", epochs)
+        batch_size = _check_positive_int("batch_size", batch_size)
+        if not isinstance(validation_split, (int, float)) or not 0.0 <= validation_split < 1.0:
+            raise ConfigError(f"`validation_split` must be a float in [0, 1); received validation_split={validation_split!r}")
+        if verbose not in ("auto", 0, 1, 2, True, False):
+            raise ConfigError(f"`verbose` must be 'auto', 0, 1 or 2; received verbose={verbose!r}")
+        if validation_data is not None and not (isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)):
+            raise DataError(
+                "`validation_data` must be a tuple (x_val, y_val); "
+                f"received {type(validation_data).__name__}"
+            )
+        return run_fit(
+            self, x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
+            validation_split=float(validation_split), callbacks=callbacks, verbose=verbose,
+            features_col=features_col, label_col=label_col, shuffle=shuffle,
+        )
+
+    # ------------------------------------------------------- predict/evaluate
+    def predict(self, x, batch_size: int | None = None, *, features_col: str | Sequence[str] = "features",
+                prediction_col: str = "prediction"):
+        """Predict on Spark, keeping the input order.
+
+        numpy in -> numpy out; RDD in -> RDD of predictions (one per record, or
+        one array per block); DataFrame in -> the same DataFrame with a
+        ``prediction_col`` column.
+        """
+        from elephant.inference import predict
+
+        return predict(self.model, x, batch_size, num_workers=self._inference_workers(x),
+                       spark=self.spark, custom_objects=self.custom_objects,
+                       features_col=features_col, prediction_col=prediction_col)
+
+    def evaluate(self, x, y=None, batch_size: int | None = None, return_dict: bool = False, *,
+                 features_col: str | Sequence[str] = "features", label_col: str = "label"):
+        """Sample-weighted loss and metrics computed on Spark (Keras' return conventions)."""
+        from elephant.inference import evaluate
+
+        return evaluate(self.model, x, y, batch_size, return_dict=return_dict,
+                        num_workers=self._inference_workers(x), spark=self.spark,
+                        custom_objects=self.custom_objects, features_col=features_col, label_col=label_col)
+
+    def _inference_workers(self, x) -> int:
+        if self.num_workers is not None:
+            return self.num_workers
+        if D.is_rdd(x):
+            return x.getNumPartitions()
+        return max(1, self.spark.sparkContext.defaultParallelism)
+
+    # ------------------------------------------------------------- save/load
+    def save(self, filepath: str) -> None:
+        """Write the trained model and the elephant settings to one ``.keras`` file."""
+        save_with_settings(self.model, filepath, self.get_settings())
+
+
+def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = None) -> SparkModel:
+    """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
+    model, settings = load_with_settings(filepath, custom_objects)
+    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed"}
+    kwargs = {k: v for k, v in settings.items() if k in known}
+    return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)

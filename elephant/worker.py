@@ -1,0 +1,245 @@
+"""The partition training loop, run inside a Spark task.
+
+The loop is one ``model.fit`` call per epoch on the partition's numpy block, so
+the local step is Keras' own compiled train step; a small callback commits
+after every ``window`` steps through the distributed optimizer's worker rule
+and merges the reply. The last partial window is flushed, not dropped.
+
+The worker talks to anything with ``pull``/``commit``/``finish`` methods (the
+HTTP :class:`~elephant.ps.client.PSClient` or an in-process client), so it never
+knows where its parameter server lives.
+
+Models are rebuilt once per Python worker process and run, and cached by the
+model archive's fingerprint: Spark reuses Python workers across tasks, so later
+epochs of the same fit reuse the model *and its Keras optimizer state* (e.g.
+Adam moments). That is a deliberate choice (dist-keras parity, and resetting
+moments every epoch measurably slows convergence); only the weights are
+overwritten by pulls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from elephant import data as D
+from elephant.optimizers.base import Commit, DistributedOptimizer
+
+log = logging.getLogger(__name__)
+
+_MODEL_CACHE: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_MODEL_CACHE_SIZE = 4
+_THREADS_SET = False
+
+__all__ = ["TaskSpec", "run_partition", "predict_block", "evaluate_block", "cached_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Everything one training task needs, built from plain values on the driver."""
+
+    run: str
+    epoch: int
+    model_bytes: Any  # a Spark Broadcast of the .keras archive bytes (or the bytes)
+    fingerprint: str
+    optimizer: DistributedOptimizer
+    window: int | None  # local steps per commit; None = one commit per partition pass
+    batch_size: int
+    mode: str
+    ps_url: str
+    token: str
+    read_timeout: float
+    custom_objects: Mapping[str, Any] | None = None
+    shuffle: bool = True
+    fault: str | None = None  # test-only fault injection, from ELEPHANT_FAULT on the driver
+
+
+def _value(maybe_broadcast: Any) -> bytes:
+    return maybe_broadcast.value if hasattr(maybe_broadcast, "value") else maybe_broadcast
+
+
+def limit_threads(cores: int) -> None:
+    """Limit TensorFlow to the task's cores (effective before TF first runs here)."""
+    global _THREADS_SET
+    if _THREADS_SET:
+        return
+    cores = max(1, int(cores))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(cores))
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(min(cores, 2)))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(cores)
+        tf.config.threading.set_inter_op_parallelism_threads(min(cores, 2))
+    except (RuntimeError, ImportError):  # TF already initialised in this process
+        pass
+    _THREADS_SET = True
+
+
+def cached_model(model_bytes: Any, fingerprint: str, key: str = "", custom_objects=None):
+    """The Keras model for ``fingerprint``, built at most once per process and key."""
+    from elephant.model_io import model_from_bytes
+
+    cache_key = (fingerprint, key)
+    model = _MODEL_CACHE.get(cache_key)
+    if model is None:
+        model = model_from_bytes(_value(model_bytes), custom_objects)
+        _MODEL_CACHE[cache_key] = model
+        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
+            _MODEL_CACHE.popitem(last=False)
+        log.debug("built model %s for %r", fingerprint, key)
+    else:
+        _MODEL_CACHE.move_to_end(cache_key)
+    return model
+
+
+def _batch_sizes(n: int, batch_size: int) -> np.ndarray:
+    steps = -(-n // batch_size)
+    sizes = np.full(steps, batch_size)
+    sizes[-1] = n - batch_size * (steps - 1)
+    return sizes
+
+
+class _Window:
+    """Commit bookkeeping for one partition pass (runtime side of the worker rule)."""
+
+    def __init__(self, model, client, spec: TaskSpec, partition: int, attempt: int, n: int):
+        self.model, self.client, self.spec = model, client, spec
+        self.partition, self.attempt = partition, attempt
+        self.sizes = _batch_sizes(n, spec.batch_size)
+        self.step = 0  # local steps done this pass
+        self.commits = 0
+        self.steps_in_window = 0
+        self.samples_in_window = 0
+        self.comm_seconds = 0.0
+        reply = client.pull(partition)
+        self.pulled = reply.center
+        self.base_clock = reply.clock
+        model.set_weights(reply.center)
+        self.state = spec.optimizer.worker_init(reply.center)
+
+    def after_step(self) -> None:
+        if self.spec.fault:
+            inject_fault(self.spec.fault, self.partition, self.step)
+        self.samples_in_window += int(self.sizes[self.step])
+        self.step += 1
+        self.steps_in_window += 1
+        if self.spec.window is not None and self.steps_in_window >= self.spec.window:
+            self.commit()
+
+    def commit(self) -> None:
+        if self.steps_in_window == 0:
+            return
+        from elephant.ps.store import CommitKey
+
+        t0 = time.perf_counter()
+        opt = self.spec.optimizer
+        weights = self.model.get_weights()
+        tensors, self.state = opt.make_commit(self.state, weights, self.pulled, self.steps_in_window)
+        commit = Commit(tensors, self.steps_in_window, self.samples_in_window, self.base_clock)
+        key = CommitKey(self.spec.run, self.spec.epoch, self.partition, self.commits)
+        reply = self.client.commit(key, self.attempt, commit)
+        new_weights, self.state = opt.on_reply(self.state, weights, reply)
+        self.model.set_weights(new_weights)
+        self.pulled, self.base_clock = reply.center, reply.clock
+        self.commits += 1
+        self.steps_in_window = self.samples_in_window = 0
+        self.comm_seconds += time.perf_counter() - t0
+
+
+def inject_fault(fault: str, partition: int, step: int) -> None:
+    """Fault injection for reliability tests.
+
+    ``fault`` is ``"partition=P,step=S,kind=raise|exit,marker=PATH"``: the first
+    time partition ``P`` reaches local step ``S`` the task fails. The marker file
+    makes the fault fire once per fit even though Spark's attempt numbers reset.
+    """
+    fields = dict(item.split("=", 1) for item in fault.split(",") if "=" in item)
+    if int(fields.get("partition", -1)) != partition or int(fields.get("step", -1)) != step:
+        return
+    marker = fields.get("marker")
+    if marker:
+        try:
+            with open(marker, "x"):
+                pass
+        except FileExistsError:
+            return
+    if fields.get("kind", "raise") == "exit":
+        os._exit(13)
+    raise RuntimeError(f"injected fault in partition {partition} at step {step}")
+
+
+def _callback(window: _Window):
+    import keras
+
+    class Committer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            window.after_step()
+
+    return Committer()
+
+
+def run_partition(
+    spec: TaskSpec,
+    partition: int,
+    attempt: int,
+    blocks: Iterable[tuple[Any, Any]],
+    client,
+    cores: int = 1,
+) -> list[dict[str, Any]]:
+    """Train one partition for one epoch; returns ``[stats]`` for the driver.
+
+    ``stats`` holds the partition's local training loss and metrics (means over
+    its steps), ``samples``, ``steps``, ``commits`` and timing figures.
+    """
+    t_start = time.perf_counter()
+    limit_threads(cores)
+    block = next(D.concat_blocks(blocks), None)
+    n = 0 if block is None else D.num_samples(block[0])
+    base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0}
+    if n == 0:
+        client.finish(spec.run, spec.epoch, partition, attempt)
+        return [base]
+    x, y = block
+    model = cached_model(spec.model_bytes, spec.fingerprint, spec.run, spec.custom_objects)
+    t_ready = time.perf_counter()
+    window = _Window(model, client, spec, partition, attempt, n)
+    history = model.fit(
+        x,
+        y,
+        batch_size=spec.batch_size,
+        epochs=1,
+        shuffle=spec.shuffle,
+        verbose=0,
+        callbacks=[_callback(window)],
+    )
+    window.commit()  # flush the partial last window
+    client.finish(spec.run, spec.epoch, partition, attempt)
+    logs = {k: float(v[-1]) for k, v in history.history.items()}
+    return [
+        dict(
+            base,
+            steps=window.step,
+            commits=window.commits,
+            logs=logs,
+            seconds=time.perf_counter() - t_start,
+            setup_seconds=t_ready - t_start,
+            comm_seconds=window.comm_seconds,
+        )
+    ]
+
+
+def predict_block(model, x: Any, batch_size: int | None) -> np.ndarray | list | dict:
+    return model.predict(x, batch_size=batch_size, verbose=0)
+
+
+def evaluate_block(model, x: Any, y: Any, batch_size: int | None) -> dict[str, float]:
+    return {k: float(v) for k, v in model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True).items()}

@@ -1,0 +1,80 @@
+"""numpy / record / block conversions (no Spark, no TF)."""
+
+import numpy as np
+import pytest
+
+from elephant import data as D
+from elephant.errors import DataError
+
+
+def test_split_numpy_keeps_every_row_once_and_pairs_x_with_y():
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    y = np.arange(10)
+    blocks = D.split_numpy(x, y, 3, seed=1)
+    assert [len(b[1]) for b in blocks] == [4, 3, 3]
+    ys = np.concatenate([b[1] for b in blocks])
+    assert sorted(ys.tolist()) == list(range(10))
+    for xb, yb in blocks:
+        np.testing.assert_array_equal(xb[:, 0], 2 * yb)
+
+
+def test_split_numpy_without_seed_keeps_order():
+    x = np.arange(7)
+    blocks = D.split_numpy(x, x, 2, seed=None)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), x)
+
+
+def test_split_numpy_multi_input_dict():
+    x = {"a": np.zeros((6, 2)), "b": np.ones((6, 3))}
+    blocks = D.split_numpy(x, np.arange(6), 2)
+    assert set(blocks[0][0]) == {"a", "b"} and blocks[0][0]["b"].shape == (3, 3)
+
+
+@pytest.mark.parametrize(
+    "x, y, match",
+    [
+        (np.zeros((0, 3)), np.zeros(0), r"`x` is empty \(0 samples\)"),
+        (np.zeros((5, 3)), np.zeros(4), "x has 5 samples, y has 4"),
+        ([np.zeros((5, 3)), np.zeros((4, 3))], np.zeros(5), "arrays of `x` have different lengths"),
+        (np.array([object(), object()]), np.zeros(2), "object array"),
+    ],
+)
+def test_check_xy_errors(x, y, match):
+    with pytest.raises(DataError, match=match):
+        D.check_xy(x, y)
+
+
+class _FakeTensor:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+class _FakeModel:
+    def __init__(self, *shapes):
+        self.inputs = [_FakeTensor(s) for s in shapes]
+
+
+def test_check_features_names_argument_and_shapes():
+    with pytest.raises(DataError, match=r"`x` has feature shape \(5,\) but the model expects \(4,\)"):
+        D.check_features(_FakeModel((None, 4)), np.zeros((3, 5)))
+    D.check_features(_FakeModel((None, None, 3)), np.zeros((3, 7, 3)))  # None matches any size
+    with pytest.raises(DataError, match="the model has 2 inputs but `x` provides 1 arrays"):
+        D.check_features(_FakeModel((None, 4), (None, 2)), np.zeros((3, 4)))
+
+
+def test_records_vs_blocks_decided_by_model_rank():
+    record = (np.zeros(4), 1)
+    block = (np.zeros((8, 4)), np.zeros(8))
+    assert not D.records_are_blocks(record, [(4,)])
+    assert D.records_are_blocks(block, [(4,)])
+    with pytest.raises(DataError, match="must hold \\(features, label\\) records"):
+        D.records_are_blocks(np.zeros(4), [(4,)])
+
+
+def test_stack_records_and_concat_blocks():
+    (x, y), = list(D.stack_records([([1, 2], 0), ([3, 4], 1)]))
+    assert x.dtype == np.float32 and x.shape == (2, 2) and y.tolist() == [0, 1]
+    assert list(D.stack_records([])) == []
+    merged = list(D.concat_blocks([(np.zeros((2, 3)), np.zeros(2)), (np.ones((3, 3)), np.ones(3))]))
+    assert len(merged) == 1 and merged[0][0].shape == (5, 3)
+    assert list(D.concat_blocks([(np.zeros((0, 3)), np.zeros(0))])) == []

@@ -1,0 +1,150 @@
+"""Every configuration and input error is raised before Spark starts (TF, no Spark)."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+keras = pytest.importorskip("keras")
+
+from elephant import SparkModel  # noqa: E402
+from elephant.errors import ConfigError, DataError  # noqa: E402
+from elephant.fit_loop import aggregate_logs, _staleness_mean  # noqa: E402
+from elephant.session import check_barrier_slots  # noqa: E402
+from elephant.spark_model import resolve_window  # noqa: E402
+from elephant import optimizers as O  # noqa: E402
+
+
+def _model(compiled=True):
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    if compiled:
+        m.compile("sgd", "sparse_categorical_crossentropy")
+    return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model()
+
+
+class _NoSpark:
+    """Fails the test if anything asks for a SparkSession."""
+
+    @property
+    def sparkContext(self):
+        raise AssertionError("Spark was touched before the input was validated")
+
+
+def test_uncompiled_model_is_refused():
+    with pytest.raises(ConfigError, match="`model` must be compiled"):
+        SparkModel(_model(compiled=False))
+
+
+def test_non_keras_model_is_refused():
+    with pytest.raises(ConfigError, match="`model` must be a keras.Model; received dict"):
+        SparkModel({})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mode": "sometimes"}, r"`mode` must be 'synchronous', 'asynchronous' or 'hogwild'; received mode='sometimes'"),
+        ({"frequency": "weekly"}, r"`frequency` must be 'epoch', 'batch', a positive int or None; received frequency='weekly'"),
+        ({"frequency": 0}, r"received frequency=0"),
+        ({"frequency": True}, r"received frequency=True"),
+        ({"optimizer": "adamw"}, r"Could not interpret optimizer identifier: 'adamw'"),
+        ({"optimizer": 3}, r"Could not interpret optimizer identifier: 3"),
+        ({"mode": "synchronous", "optimizer": "downpour"}, r"optimizer 'downpour' supports mode\(s\) \['asynchronous', 'hogwild'\]; received mode='synchronous'"),
+        ({"mode": "asynchronous", "optimizer": "modelaveraging"}, r"received mode='asynchronous'"),
+        ({"num_workers": 0}, r"`num_workers` must be a positive int; received num_workers=0"),
+        ({"read_timeout": -1}, r"`read_timeout` must be a positive number of seconds; received read_timeout=-1"),
+    ],
+)
+def test_constructor_errors(model, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        SparkModel(model, **kwargs)
+
+
+def test_default_optimizer_depends_on_mode(model):
+    assert SparkModel(model, mode="synchronous", spark=_NoSpark()).optimizer.name == "modelaveraging"
+    assert SparkModel(model, mode="asynchronous", spark=_NoSpark()).optimizer.name == "downpour"
+    assert SparkModel(model, mode="hogwild", spark=_NoSpark()).optimizer.name == "downpour"
+
+
+@pytest.mark.parametrize(
+    "x, y, kwargs, error, match",
+    [
+        (np.zeros((0, 4)), np.zeros(0), {}, DataError, r"`x` is empty"),
+        (np.zeros((5, 4)), np.zeros(4), {}, DataError, "x has 5 samples, y has 4"),
+        (np.zeros((5, 7)), np.zeros(5), {}, DataError, r"`x` has feature shape \(7,\) but the model expects \(4,\)"),
+        (np.zeros((5, 4)), None, {}, DataError, "`y` is required"),
+        (np.zeros((5, 4)), np.zeros(5), {"epochs": 0}, ConfigError, "`epochs` must be a positive int; received epochs=0"),
+        (np.zeros((5, 4)), np.zeros(5), {"batch_size": "32"}, ConfigError, "received batch_size='32'"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_split": 1.5}, ConfigError, r"`validation_split` must be a float in \[0, 1\); received validation_split=1.5"),
+        (np.zeros((5, 4)), np.zeros(5), {"verbose": "loud"}, ConfigError, "received verbose='loud'"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": np.zeros(3)}, DataError, "`validation_data` must be a tuple"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 5)), np.zeros(2))}, DataError, r"`validation_data\[0\]` has feature shape \(5,\)"),
+    ],
+)
+def test_fit_errors_before_spark(model, x, y, kwargs, error, match):
+    sm = SparkModel(model, spark=_NoSpark())
+    with pytest.raises(error, match=match):
+        sm.fit(x, y, **kwargs)
+
+
+def test_spark_model_refuses_to_pickle(model):
+    import pickle
+
+    with pytest.raises(TypeError, match="SparkModel lives on the driver"):
+        pickle.dumps(SparkModel(model, spark=_NoSpark()))
+
+
+@pytest.mark.parametrize(
+    "frequency, expected", [("epoch", None), ("batch", 1), (7, 7), (None, O.Downpour().window)]
+)
+def test_resolve_window(frequency, expected):
+    assert resolve_window(frequency, O.Downpour()) == expected
+
+
+def test_aggregate_logs_is_sample_weighted_and_skips_empty_partitions():
+    results = [
+        {"samples": 30, "logs": {"loss": 1.0, "accuracy": 0.5}},
+        {"samples": 10, "logs": {"loss": 3.0, "accuracy": 1.0}},
+        {"samples": 0},
+    ]
+    logs = aggregate_logs(results)
+    assert logs == {"loss": pytest.approx(1.5), "accuracy": pytest.approx(0.625)}
+
+
+def test_staleness_mean_is_per_epoch():
+    before = {"staleness": {"0": 2, "1": 2}}
+    after = {"staleness": {"0": 3, "1": 2, "4": 1}}
+    assert _staleness_mean(before, after) == pytest.approx(2.0)
+    assert _staleness_mean(after, after) is None
+
+
+@pytest.mark.parametrize("workers, slots, ok", [(2, 2, True), (1, 4, True), (3, 2, False)])
+def test_barrier_slots(workers, slots, ok):
+    if ok:
+        check_barrier_slots(workers, slots)
+    else:
+        with pytest.raises(ConfigError, match=f"num_workers={workers} exceeds the {slots} task slots"):
+            check_barrier_slots(workers, slots)
+
+
+def test_importing_elephant_does_not_import_spark_or_tf():
+    import subprocess
+
+    code = "import elephant, elephant.optimizers, sys; print(sorted(m for m in ('pyspark','tensorflow','keras','flask') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_public_api():
+    import elephant
+
+    assert set(elephant.__all__) >= {"SparkModel", "load", "optimizers", "ConfigError", "DataError", "PSError"}
+    for name in elephant.__all__:
+        assert getattr(elephant, name) is not None
