@@ -171,6 +171,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     sm.model.stop_training = False
     try:
         server.start()
+        sm.ps_url = server.url
         log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
                  run, server.url, num_workers, sm.mode, sm.optimizer, sm.window)
         cbks.on_train_begin()

@@ -128,7 +128,9 @@ class SparkModel:
         self.seed = seed
         self._spark = spark
         self.job_group: str | None = None
-        self.last_metrics: dict[str, Any] | None = None
+        self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
+        self.last_ledger: list | None = None  # applied (key, attempt) pairs of the last fit, in order
+        self.ps_url: str | None = None  # address of the last fit's parameter server
 
     # ------------------------------------------------------------------ setup
     @property

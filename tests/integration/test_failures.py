@@ -1,0 +1,64 @@
+"""Task retries, failed fits and resource cleanup (design.md §6)."""
+
+import socket
+import threading
+from collections import Counter
+
+import pytest
+
+from elephant import SparkModel
+from elephant.errors import ConfigError
+
+from .conftest import digits_model
+
+
+def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):
+    x_train, _, y_train, _ = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=6,kind=raise,marker={marker}")
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency=2, num_workers=2, spark=spark)
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    assert marker.exists(), "the fault never fired"
+    ledger = sm.last_ledger
+    keys = [tuple(entry[0]) for entry in ledger]
+    duplicates = [k for k, c in Counter(keys).items() if c > 1]
+    assert not duplicates
+    # partition 1 was retried: its first attempt's commits (steps 0-2) came again and were dropped
+    assert sm.last_metrics["replays_dropped"] >= 3
+    attempts = {entry[1] for entry in ledger if entry[0][2] == 1}
+    assert len(attempts) == 2
+    steps = -(-len(x_train) // 2 // 32)
+    assert len(keys) == 2 * (-(-steps // 2))  # every window applied exactly once
+
+
+def _port_is_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_failed_fit_stops_the_server_and_frees_the_port(spark, digits, monkeypatch):
+    x_train, _, y_train, _ = digits
+    monkeypatch.setenv("ELEPHANT_FAULT", "partition=0,step=1,kind=raise")  # fires on every attempt
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
+    before = sm.model.get_weights()
+    with pytest.raises(Exception, match="injected fault"):
+        sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
+    port = int(sm.ps_url.rsplit(":", 1)[1].split("/")[0])
+    assert _port_is_free(port)
+    # a half-applied epoch never reaches sm.model
+    for a, b in zip(before, sm.model.get_weights()):
+        assert (a == b).all()
+    monkeypatch.delenv("ELEPHANT_FAULT")
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the next fit works
+
+
+def test_synchronous_mode_refuses_more_workers_than_slots(spark, digits):
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="synchronous", num_workers=3, spark=spark)
+    with pytest.raises(ConfigError, match="num_workers=3 exceeds the 2 task slots"):
+        sm.fit(x_train, y_train, epochs=1, verbose=0)

@@ -1,0 +1,76 @@
+"""Every mode and commit frequency trains the digits MLP on local Spark."""
+
+import numpy as np
+import pytest
+
+from elephant import SparkModel
+
+from .conftest import accuracy, digits_model
+
+
+@pytest.mark.parametrize(
+    "mode, frequency, epochs",
+    [
+        ("synchronous", "epoch", 15),
+        ("synchronous", "batch", 6),
+        ("asynchronous", "epoch", 12),
+        ("asynchronous", "batch", 6),
+        ("hogwild", "epoch", 12),
+        ("hogwild", "batch", 6),
+    ],
+)
+def test_digits_reaches_90_percent(spark, digits, mode, frequency, epochs):
+    x_train, x_test, y_train, y_test = digits
+    sm = SparkModel(digits_model(), mode=mode, frequency=frequency, num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=epochs, batch_size=32, verbose=0)
+    acc = accuracy(sm.model, x_test, y_test)
+    assert acc >= 0.90, f"{mode}/{frequency}: test accuracy {acc:.3f} after {epochs} epochs"
+    assert len(history.history["loss"]) == epochs
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    metrics = sm.last_metrics
+    steps = -(-len(x_train) // 2 // 32)
+    if frequency == "epoch":
+        expected = epochs if mode == "synchronous" else 2 * epochs
+        key = "rounds_applied" if mode == "synchronous" else "commits_applied"
+        assert metrics[key] == expected
+    else:
+        assert metrics["commits_applied" if mode != "synchronous" else "rounds_applied"] >= steps * epochs
+    if mode != "synchronous":
+        assert "staleness" in history.history
+
+
+def test_validation_and_callbacks_run_on_the_driver(spark, digits, tmp_path):
+    import keras
+
+    x_train, x_test, y_train, y_test = digits
+    seen = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append((epoch, dict(logs)))
+
+    csv = tmp_path / "log.csv"
+    ckpt = tmp_path / "best.keras"
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", num_workers=2, spark=spark)
+    history = sm.fit(
+        x_train, y_train, epochs=4, batch_size=32, validation_data=(x_test, y_test), verbose=0,
+        callbacks=[Recorder(), keras.callbacks.CSVLogger(str(csv)), keras.callbacks.ModelCheckpoint(str(ckpt)),
+                   keras.callbacks.TerminateOnNaN()],
+    )
+    assert [e for e, _ in seen] == [0, 1, 2, 3]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history.history)
+    assert csv.read_text().count("\n") == 5  # header + 4 epochs
+    restored = keras.saving.load_model(str(ckpt))
+    np.testing.assert_allclose(restored.predict(x_test[:8], verbose=0), sm.model.predict(x_test[:8], verbose=0), rtol=1e-5)
+    # the driver's validation numbers are those of the center model
+    assert history.history["val_accuracy"][-1] == pytest.approx(accuracy(sm.model, x_test, y_test), abs=1e-6)
+
+
+def test_early_stopping_stops_the_fit(spark, digits):
+    import keras
+
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", num_workers=2, spark=spark)
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
+    history = sm.fit(x_train, y_train, epochs=10, batch_size=32, callbacks=[stop], verbose=0)
+    assert len(history.epoch) == 2

@@ -1,0 +1,95 @@
+"""Regression, DataFrames, RDDs, predict order, evaluate and save/load."""
+
+import numpy as np
+import pytest
+
+import elephant
+from elephant import SparkModel
+
+from .conftest import accuracy, digits_model
+
+
+def test_diabetes_regression_beats_the_mean_predictor(spark):
+    import keras
+    from sklearn.datasets import load_diabetes
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = load_diabetes(return_X_y=True)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=0)
+    scaler = StandardScaler().fit(x_tr)
+    x_tr, x_te = scaler.transform(x_tr).astype("float32"), scaler.transform(x_te).astype("float32")
+    mu, sd = y_tr.mean(), y_tr.std()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(3e-3), "mse", metrics=["mae"])
+    sm = SparkModel(model, mode="synchronous", frequency="epoch", num_workers=2, spark=spark)
+    sm.fit(x_tr, ((y_tr - mu) / sd).astype("float32"), epochs=40, batch_size=16, verbose=0)
+    pred = sm.predict(x_te)[:, 0] * sd + mu
+    r2 = 1 - np.sum((y_te - pred) ** 2) / np.sum((y_te - y_te.mean()) ** 2)
+    print(f"diabetes test R^2 = {r2:.3f}")
+    assert r2 > 0.3
+
+
+def test_fit_predict_evaluate_from_dataframe(spark, digits):
+    from pyspark.ml.linalg import Vectors
+
+    x_train, x_test, y_train, y_test = digits
+    train_df = spark.createDataFrame([(Vectors.dense(f.tolist()), int(l)) for f, l in zip(x_train, y_train)], ["features", "label"])
+    test_df = spark.createDataFrame([(f.tolist(), int(l)) for f, l in zip(x_test, y_test)], ["pixels", "digit"])
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", num_workers=2, spark=spark)
+    sm.fit(train_df, epochs=10, batch_size=32, verbose=0)
+    assert accuracy(sm.model, x_test, y_test) >= 0.9
+    scored = sm.predict(test_df, features_col="pixels").collect()
+    assert [r["digit"] for r in scored] == y_test.tolist()  # rows kept, in order
+    local = sm.model.predict(x_test, verbose=0)
+    np.testing.assert_allclose(np.array([r["prediction"] for r in scored]), local, rtol=1e-4, atol=1e-6)
+    result = sm.evaluate(test_df, features_col="pixels", label_col="digit", return_dict=True)
+    assert result["accuracy"] == pytest.approx(accuracy(sm.model, x_test, y_test), abs=1e-6)
+
+
+def test_rdd_of_records_and_of_blocks(spark, digits):
+    x_train, x_test, y_train, y_test = digits
+    records = spark.sparkContext.parallelize(list(zip(x_train, y_train.astype(np.int64))), 3)
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", spark=spark)
+    sm.fit(records, epochs=8, batch_size=32, verbose=0)
+    assert sm.last_metrics["commits_applied"] == 3 * 8  # num_workers follows the RDD's partitions
+    assert accuracy(sm.model, x_test, y_test) >= 0.85
+
+    blocks = spark.sparkContext.parallelize([(x_train[i::2], y_train[i::2]) for i in range(2)], 2)
+    sm2 = SparkModel(digits_model(), mode="synchronous", frequency="epoch", spark=spark)
+    sm2.fit(blocks, epochs=2, batch_size=32, verbose=0)
+    assert sm2.last_metrics["rounds_applied"] == 2
+
+
+def test_predict_keeps_order_with_several_partitions(spark, digits):
+    _, x_test, _, y_test = digits
+    sm = SparkModel(digits_model(), num_workers=3, spark=spark)
+    local = sm.model.predict(x_test, verbose=0)
+    np.testing.assert_allclose(sm.predict(x_test), local, rtol=1e-5, atol=1e-7)
+    rdd = spark.sparkContext.parallelize(list(x_test), 5)
+    np.testing.assert_allclose(np.stack(sm.predict(rdd).collect()), local, rtol=1e-5, atol=1e-7)
+
+
+def test_evaluate_is_sample_weighted(spark, digits):
+    _, x_test, _, y_test = digits
+    sm = SparkModel(digits_model(), num_workers=3, spark=spark)
+    got = sm.evaluate(x_test[:101], y_test[:101], return_dict=True)
+    want = sm.model.evaluate(x_test[:101], y_test[:101], verbose=0, return_dict=True)
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+    as_list = sm.evaluate(x_test[:101], y_test[:101])
+    assert as_list[0] == pytest.approx(got["loss"])
+
+
+def test_save_load_round_trip(spark, digits, tmp_path):
+    x_train, x_test, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency=4, optimizer={"name": "downpour", "config": {"window": 9}},
+                    num_workers=2, spark=spark)
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    path = tmp_path / "run.keras"
+    sm.save(str(path))
+    sm2 = elephant.load(str(path), spark=spark)
+    assert (sm2.mode, sm2.frequency, sm2.num_workers) == ("asynchronous", 4, 2)
+    assert sm2.optimizer == sm.optimizer and sm2.optimizer.window == 9
+    np.testing.assert_array_equal(sm2.predict(x_test), sm.predict(x_test))
