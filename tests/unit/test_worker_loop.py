@@ -1,0 +1,131 @@
+"""The partition training loop against an in-process store (TF, no Spark, no sockets)."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+keras = pytest.importorskip("keras")
+
+from elephant import optimizers as O  # noqa: E402
+from elephant import worker  # noqa: E402
+from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
+from elephant.ps.store import Store  # noqa: E402
+
+
+class RecordingClient:
+    """Calls the store directly and records what the worker sent."""
+
+    def __init__(self, store):
+        self.store = store
+        self.commits = []
+        self.pulls = 0
+        self.finished = []
+
+    def pull(self, worker_index):
+        self.pulls += 1
+        return self.store.pull(worker_index)
+
+    def commit(self, key, attempt, commit):
+        self.commits.append((key, commit.num_steps, commit.num_samples))
+        return self.store.commit(key, attempt, commit)
+
+    def finish(self, run, epoch, partition, attempt):
+        self.finished.append((run, epoch, partition, attempt))
+        self.store.finish(run, epoch, partition, attempt)
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(keras.optimizers.SGD(0.05), "mse")
+    return m
+
+
+def _spec(model_bytes, run, window, optimizer=None, epoch=0, batch_size=32):
+    return worker.TaskSpec(
+        run=run, epoch=epoch, model_bytes=model_bytes, fingerprint=fingerprint(model_bytes),
+        optimizer=optimizer or O.Downpour(), window=window, batch_size=batch_size, mode="asynchronous",
+        ps_url="in-process", token="t", read_timeout=5.0,
+    )
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(100, 3)).astype("float32")
+    y = (x @ np.array([[1.0, -1.0], [0.5, 2.0], [0.0, 1.0]], dtype="float32")).astype("float32")
+    return x, y
+
+
+def test_partial_last_window_is_flushed_with_true_counts(data):
+    model = _model()
+    data_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-a")
+    client = RecordingClient(store)
+    (stats,) = worker.run_partition(_spec(data_bytes, "run-a", window=3), 0, 11, [data], client)
+    # 100 samples, batch 32 -> 4 steps (32, 32, 32, 4); window 3 -> commits of 3 and 1 steps
+    assert [(c[1], c[2]) for c in client.commits] == [(3, 96), (1, 4)]
+    assert [c[0].step for c in client.commits] == [0, 1]
+    assert stats["steps"] == 4 and stats["commits"] == 2 and stats["samples"] == 100
+    assert client.finished == [("run-a", 0, 0, 11)]
+    assert client.pulls == 1  # the commit reply carries the center: no extra pulls
+    assert store.metrics()["commits_applied"] == 2
+    assert np.isfinite(stats["logs"]["loss"])
+
+
+def test_single_worker_downpour_equals_local_training(data):
+    """n = 1: the center after the fit equals the worker's own weights (T2.1 at model scale)."""
+    model = _model()
+    model_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-b")
+    worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [data], RecordingClient(store))
+    local = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-b")
+    for c, w in zip(store.center(), local.get_weights()):
+        np.testing.assert_allclose(c, w, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(store.center()[0], model.get_weights()[0])  # it did train
+
+
+def test_model_is_built_once_per_process_and_run(data):
+    model = _model()
+    model_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-c")
+    client = RecordingClient(store)
+    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=0), 0, 1, [data], client)
+    first = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-c")
+    iterations = int(first.optimizer.iterations.numpy())
+    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=1), 0, 2, [data], client)
+    again = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-c")
+    assert again is first
+    # the local Keras optimizer state persists across epochs within a process
+    assert int(again.optimizer.iterations.numpy()) == 2 * iterations == 8
+    assert [c[1] for c in client.commits] == [4, 4]  # frequency="epoch": one commit per pass
+
+
+def test_empty_partition_only_finishes(data):
+    model = _model()
+    model_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 2, "run-d")
+    client = RecordingClient(store)
+    (stats,) = worker.run_partition(_spec(model_bytes, "run-d", window=1), 1, 5, [], client)
+    assert stats["samples"] == 0 and client.commits == [] and client.finished == [("run-d", 0, 1, 5)]
+
+
+@pytest.mark.parametrize(
+    "fault, partition, step, fires",
+    [("partition=1,step=2,kind=raise", 1, 2, True), ("partition=1,step=2", 0, 2, False), ("partition=1,step=2", 1, 3, False)],
+)
+def test_fault_injection_parsing(fault, partition, step, fires):
+    if fires:
+        with pytest.raises(RuntimeError, match="injected fault in partition 1 at step 2"):
+            worker.inject_fault(fault, partition, step)
+    else:
+        worker.inject_fault(fault, partition, step)
+
+
+def test_fault_marker_fires_once(tmp_path):
+    fault = f"partition=0,step=0,marker={tmp_path / 'm'}"
+    with pytest.raises(RuntimeError):
+        worker.inject_fault(fault, 0, 0)
+    worker.inject_fault(fault, 0, 0)  # marker exists: no second failure
