@@ -156,6 +156,14 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     from elephant.ps.server import PSServer
     from elephant.ps.store import Store
 
+    if sm.optimizer.name == "downpour" and sm.window is None and num_workers > 1:
+        log.warning(
+            "DOWNPOUR adds every worker's whole-partition delta to the center, so with %d workers and "
+            "frequency='epoch' the center moves about %d times as far as one worker did; this often "
+            "oscillates. Consider optimizer='dynsgd' (staleness-scaled) or a smaller frequency.",
+            num_workers, num_workers,
+        )
+
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
     center = sm.model.get_weights()

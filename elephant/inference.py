@@ -178,6 +178,7 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         raise DataError("`x` holds no samples to evaluate")
     total = sum(c for c, _ in parts)
     keys = list(parts[0][1].keys())
+    keys.sort(key=lambda k: k != "loss")  # Keras' order: loss first, then the metrics
     result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in keys}
     if return_dict:
         return result

@@ -73,7 +73,7 @@ def limit_threads(cores: int) -> None:
     cores = max(1, int(cores))
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(cores))
     os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(min(cores, 2)))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
         import tensorflow as tf
 

@@ -5,7 +5,7 @@ Run:  python examples/dataframe_fit.py
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
@@ -30,7 +30,7 @@ def main() -> None:
         keras.layers.Dense(1, activation="sigmoid"),
     ])
     model.compile(keras.optimizers.Adam(3e-3), "binary_crossentropy", metrics=["accuracy"])
-    sm = SparkModel(model, mode="asynchronous", frequency="epoch", num_workers=2)
+    sm = SparkModel(model, mode="asynchronous", frequency="epoch", optimizer="dynsgd", num_workers=2)
 
     spark = sm.spark
     train_df = spark.createDataFrame(

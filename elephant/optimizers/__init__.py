@@ -1,6 +1,20 @@
 """Distributed optimizers: pure worker and server rules, a registry and ``get()``.
 
 Importing this package pulls in numpy only (no Spark, Flask or TensorFlow).
+
+=================  ====================  ====================================  ======
+class              ``get()`` name        modes                                 window
+=================  ====================  ====================================  ======
+Downpour           ``"downpour"``        asynchronous, hogwild                 5
+AGN                ``"agn"``             asynchronous, hogwild                 12
+ADAG               ``"adag"``            asynchronous                          12
+DynSGD             ``"dynsgd"``          asynchronous, hogwild                 5
+EASGD              ``"easgd"``           synchronous                           32
+AEASGD             ``"aeasgd"``          asynchronous, hogwild                 32
+EAMSGD             ``"eamsgd"``          asynchronous, hogwild                 32
+ModelAveraging     ``"modelaveraging"``  synchronous                           8
+DCASGD             ``"dcasgd"``          asynchronous                          1
+=================  ====================  ====================================  ======
 """
 
 from elephant.optimizers.base import (
@@ -8,25 +22,48 @@ from elephant.optimizers.base import (
     Commit,
     DistributedOptimizer,
     Reply,
+    check_number,
     deserialize,
     get,
     register,
     registered_names,
     serialize,
+    staleness,
+    tree_map,
 )
 from elephant.optimizers.downpour import Downpour
+from elephant.optimizers.agn import ADAG_DISTKERAS, AGN
+from elephant.optimizers.adag import ADAG
+from elephant.optimizers.dynsgd import DynSGD
+from elephant.optimizers.easgd import AEASGD, EAMSGD, EASGD
 from elephant.optimizers.averaging import ModelAveraging
+from elephant.optimizers.dcasgd import DCASGD
+from elephant.optimizers.simulate import ScheduleError, Trace, simulate
 
 __all__ = [
     "MODES",
     "Commit",
     "DistributedOptimizer",
     "Reply",
+    "check_number",
     "deserialize",
     "get",
     "register",
     "registered_names",
     "serialize",
+    "staleness",
+    "tree_map",
     "Downpour",
+    "AGN",
+    "ADAG_DISTKERAS",
+    "ADAG",
+    "DynSGD",
+    "EASGD",
+    "AEASGD",
+    "EAMSGD",
     "ModelAveraging",
+    "DCASGD",
+    "simulate",
+    "Trace",
+    "ScheduleError",
 ]

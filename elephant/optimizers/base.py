@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from elephant import weights as W
-from elephant.errors import ConfigError
+from elephant.errors import ConfigError, DataError
 
 Weights = list[np.ndarray]
 
@@ -38,11 +38,14 @@ __all__ = [
     "Commit",
     "Reply",
     "DistributedOptimizer",
+    "check_number",
     "register",
     "get",
     "serialize",
     "deserialize",
     "registered_names",
+    "staleness",
+    "tree_map",
 ]
 
 
@@ -93,12 +96,71 @@ def _check_staleness_bound(bound: Any) -> int | None:
     return int(bound)
 
 
+def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False) -> float:
+    """Validate a real hyper-parameter and return it as a float.
+
+    Args:
+        name: the argument's name, used in the message.
+        value: the received value.
+        low, high: optional bounds; ``low_open``/``high_open`` make them strict.
+
+    Raises:
+        ConfigError: ``value`` is not a finite real number inside the bounds. The
+            message names the argument, the expected range and the received value.
+    """
+    lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
+    hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
+    expected = f"a real number in {lo or '(-inf'}, {hi or 'inf)'}" if (lo or hi) else "a finite real number"
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    number = float(value) if ok else float("nan")
+    ok = ok and bool(np.isfinite(number))
+    if ok and low is not None:
+        ok = number > low if low_open else number >= low
+    if ok and high is not None:
+        ok = number < high if high_open else number <= high
+    if not ok:
+        raise ConfigError(f"`{name}` must be {expected}; received {name}={value!r}")
+    return number
+
+
+def tree_map(fn: Any, first: Weights, *rest: Weights) -> Weights:
+    """Apply ``fn`` array by array over weight lists, keeping the dtypes of ``first``.
+
+    ``fn`` receives one array from each list (in the order given) and its result is
+    cast back to the dtype of the array from ``first``, so a rule written with
+    Python floats (``lambda c, d: c + 0.5 * d``) keeps float32 models float32.
+    """
+    return [np.asarray(fn(x, *ys)).astype(x.dtype, copy=False) for x, *ys in zip(first, *rest, strict=True)]
+
+
+def staleness(clock: int, commit: Commit) -> int:
+    """Commits applied since the window of ``commit`` started: ``τ = clock − base_clock``.
+
+    Raises:
+        DataError: ``commit.base_clock`` is ahead of the server clock (a commit
+            cannot start from a center the server has not produced yet).
+    """
+    tau = int(clock) - int(commit.base_clock)
+    if tau < 0:
+        raise DataError(
+            f"commit base_clock={commit.base_clock} is ahead of the server clock {clock}; "
+            "the worker must start from a center this server produced"
+        )
+    return tau
+
+
 class DistributedOptimizer:
     """Base class of every distributed optimizer.
 
-    Subclasses set ``name``, ``modes`` and ``default_window`` and override the
-    rules they change. The defaults implement a DOWNPOUR-style delta exchange:
-    the worker sends ``weights - pulled`` and adopts the center it gets back.
+    Subclasses set ``name``, ``modes`` and ``default_window`` (and optionally
+    ``aliases``) and override the rules they change. The defaults implement a
+    DOWNPOUR-style delta exchange: the worker sends ``weights - pulled`` and
+    adopts the center it gets back.
+
+    Rules are pure: they never mutate their arguments (the arrays of a center,
+    a commit or a state) and return new values and a new state. States must be
+    picklable (plain containers of numpy arrays and numbers).
 
     Args:
         window: local steps per commit. Defaults to the class's ``default_window``.
@@ -106,16 +168,26 @@ class DistributedOptimizer:
         staleness_bound: Stale Synchronous Parallel bound ``s`` for asynchronous
             modes: a worker may start a window only when it is at most ``s``
             commits ahead of the slowest active worker. ``None`` (default) means
-            unbounded (plain asynchronous).
+            unbounded (plain asynchronous). Rejected for rules that only
+            support synchronous mode, where it would mean nothing.
+
+    Raises:
+        ConfigError: an argument is out of range.
     """
 
     name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
     modes: ClassVar[tuple[str, ...]] = ("asynchronous", "hogwild")
     default_window: ClassVar[int] = 1
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         self.window = _check_window(self.default_window if window is None else window)
         self.staleness_bound = _check_staleness_bound(staleness_bound)
+        if self.staleness_bound is not None and not set(self.modes) - {"synchronous"}:
+            raise ConfigError(
+                f"`staleness_bound` applies to asynchronous modes only and {type(self).__name__} "
+                f"supports {self.modes}; received staleness_bound={staleness_bound!r}"
+            )
 
     # ----------------------------------------------------------------- worker
     def worker_init(self, center: Weights) -> Any:
@@ -175,21 +247,47 @@ class DistributedOptimizer:
 
 
 _REGISTRY: dict[str, type[DistributedOptimizer]] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def _same_class(a: type, b: type) -> bool:
+    # A class re-created by re-running its module (a notebook cell, importlib.reload)
+    # may take its old name back; a different class may not.
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
 def register(cls: type[DistributedOptimizer]) -> type[DistributedOptimizer]:
-    """Class decorator: make ``cls`` resolvable by ``get(cls.name)``."""
+    """Class decorator: make ``cls`` resolvable by ``get(cls.name)`` and its ``aliases``.
+
+    Raises:
+        ConfigError: ``cls`` has no name, declares an unknown mode, or one of its
+            names is already taken by a different class.
+    """
     if not cls.name:
         raise ConfigError(f"{cls.__name__} must set a non-empty `name` to be registered")
+    if not cls.modes:
+        raise ConfigError(f"{cls.__name__}.modes is empty; expected some of {MODES}")
     for mode in cls.modes:
         if mode not in MODES:
             raise ConfigError(f"{cls.__name__}.modes holds unknown mode {mode!r}; expected some of {MODES}")
-    _REGISTRY[cls.name.lower()] = cls
+    name = cls.name.lower()
+    aliases = [a.lower() for a in cls.aliases]
+    for key in [name, *aliases]:
+        owner = _REGISTRY.get(key) or _REGISTRY.get(_ALIASES.get(key, ""))
+        if owner is not None and not _same_class(owner, cls):
+            raise ConfigError(
+                f"cannot register {cls.__module__}.{cls.__qualname__} as {key!r}: the name is taken by "
+                f"{owner.__module__}.{owner.__qualname__}"
+            )
+    _REGISTRY[name] = cls
+    for alias in aliases:
+        _ALIASES[alias] = name
     return cls
 
 
-def registered_names() -> list[str]:
-    return sorted(_REGISTRY)
+def registered_names(aliases: bool = False) -> list[str]:
+    """Sorted canonical names of the registered optimizers (plus aliases if asked)."""
+    return sorted([*_REGISTRY, *_ALIASES]) if aliases else sorted(_REGISTRY)
 
 
 def serialize(optimizer: DistributedOptimizer) -> dict[str, Any]:
@@ -231,10 +329,11 @@ def get(identifier: Any, **kwargs: Any) -> DistributedOptimizer:
             )
     else:
         raise ConfigError(f"Could not interpret optimizer identifier: {identifier!r}")
-    cls = _REGISTRY.get(name.lower())
+    key = name.lower()
+    cls = _REGISTRY.get(_ALIASES.get(key, key))
     if cls is None:
         raise ConfigError(
-            f"Could not interpret optimizer identifier: {identifier!r}; known names: {registered_names()}"
+            f"Could not interpret optimizer identifier: {identifier!r}; known names: {registered_names(aliases=True)}"
         )
     config.update(kwargs)
     try:

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from elephant import weights as W
-from elephant.optimizers.base import DistributedOptimizer, register
+from elephant.optimizers.base import DistributedOptimizer, register, tree_map
 
 
 @register
 class Downpour(DistributedOptimizer):
     """Asynchronous SGD that adds each worker's accumulated delta to the center.
 
-    Worker: after ``window`` local steps from the pulled center ``θ_pull`` to
-    ``θ``, send ``Δ = θ - θ_pull``; adopt the returned center.
-    Server: ``θ̃ ← θ̃ + Δ`` (no staleness correction).
+    Worker: after ``num_steps ≤ window`` local steps from the pulled center
+    ``θ_pull`` to ``θ``, send ``Δ = θ − θ_pull``; adopt the center of the reply.
+
+    Server (one commit): ``θ̃ ← θ̃ + Δ``. Staleness is not corrected, so the
+    number of workers and the window must stay small (a handful of workers,
+    a few steps); see :class:`~elephant.optimizers.DynSGD`,
+    :class:`~elephant.optimizers.AGN` and :class:`~elephant.optimizers.ADAG` for
+    rules that tame it. With one worker the center follows sequential training.
+
+    Modes: ``"asynchronous"`` and ``"hogwild"``.
 
     Args:
         window: local steps per commit. Default 5 (dist-keras' trainer default).
         staleness_bound: optional SSP bound; default None (unbounded).
 
-    Reference: J. Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012.
+    Reference: J. Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012
+    (the paper pushes gradients to an Adagrad server; this is the delta form
+    dist-keras implemented).
     """
 
     name = "downpour"
@@ -26,4 +34,4 @@ class Downpour(DistributedOptimizer):
     default_window = 5
 
     def apply(self, state, center, clock, worker, commit):
-        return W.add(center, commit.tensors), None, state
+        return tree_map(lambda c, d: c + d, center, commit.tensors), None, state

@@ -37,7 +37,7 @@ def test_fit_predict_evaluate_from_dataframe(spark, digits):
     x_train, x_test, y_train, y_test = digits
     train_df = spark.createDataFrame([(Vectors.dense(f.tolist()), int(l)) for f, l in zip(x_train, y_train)], ["features", "label"])
     test_df = spark.createDataFrame([(f.tolist(), int(l)) for f, l in zip(x_test, y_test)], ["pixels", "digit"])
-    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", num_workers=2, spark=spark)
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", optimizer="dynsgd", num_workers=2, spark=spark)
     sm.fit(train_df, epochs=10, batch_size=32, verbose=0)
     assert accuracy(sm.model, x_test, y_test) >= 0.9
     scored = sm.predict(test_df, features_col="pixels").collect()
@@ -51,7 +51,7 @@ def test_fit_predict_evaluate_from_dataframe(spark, digits):
 def test_rdd_of_records_and_of_blocks(spark, digits):
     x_train, x_test, y_train, y_test = digits
     records = spark.sparkContext.parallelize(list(zip(x_train, y_train.astype(np.int64))), 3)
-    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", spark=spark)
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="epoch", optimizer="dynsgd", spark=spark)
     sm.fit(records, epochs=8, batch_size=32, verbose=0)
     assert sm.last_metrics["commits_applied"] == 3 * 8  # num_workers follows the RDD's partitions
     assert accuracy(sm.model, x_test, y_test) >= 0.85

@@ -1,0 +1,86 @@
+"""ADAG, Asynchronous Distributed Adaptive Gradients (Hermans' thesis, ch. 4).
+
+Not dist-keras' ``ADAG`` class, which is :class:`~elephant.optimizers.AGN`;
+this is dist-keras' ``Experimental`` trainer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+
+
+def distance_factor(distance, gamma: float):
+    """Element-wise ADAG scaling ``1 / (d² / γ + 1)`` of a center that moved by ``d``.
+
+    ``d = 0`` gives 1 (a fresh delta is applied whole); the factor falls towards 0
+    as the center moves away from where the worker started.
+    """
+    distance = np.asarray(distance)
+    return 1 / (distance * distance / gamma + 1)
+
+
+@register
+class ADAG(DistributedOptimizer):
+    """AGN whose deltas are scaled down, per weight, by how far the center moved.
+
+    Worker (as :class:`~elephant.optimizers.AGN`): send ``Δ = (θ − θ_pull) / m``
+    after ``m = num_steps`` local steps; adopt the center of the reply.
+
+    Server: remembers ``θ̃_pull[k]``, the center worker ``k`` last received (on
+    its pull and on every commit reply), and applies one commit as
+
+        θ̃ ← θ̃ + Δᵏ ⊙ 1 / ((θ̃ − θ̃_pull[k])² / γ + 1)
+
+    (square, division and product element-wise). A weight the other workers did
+    not move since worker ``k`` pulled gets its delta unscaled, so with one
+    worker ADAG is exactly AGN. The factor is computed from the same center the
+    delta is added to, inside the server's critical section. A worker with no
+    recorded pull (e.g. after a server restart) is treated as fresh.
+
+    Server state: one model copy per worker (``{worker: θ̃_pull[k]}``), hence
+    asynchronous mode only (hogwild would race on that state).
+
+    Args:
+        window: local steps per commit. Default 12 (as AGN; the thesis ran 20).
+        gamma: distance scale ``γ > 0``. Default 1e-4, the thesis' practical
+            value; lower it if training still diverges, raise it (towards AGN)
+            if progress stalls. dist-keras' ``Experimental(learning_rate=...)``
+            is this γ (its default there, 1.0, barely scales anything).
+        staleness_bound: optional SSP bound; default None (unbounded).
+
+    Raises:
+        ConfigError: ``gamma`` is not a positive finite number.
+
+    Reference: J. Hermans, "On Scalable Deep Learning and Parallelizing Gradient
+    Descent", MSc thesis, Maastricht University, 2017, chapter 4 (ADAG).
+    """
+
+    name = "adag"
+    modes = ("asynchronous",)
+    default_window = 12
+
+    def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None):
+        super().__init__(window=window, staleness_bound=staleness_bound)
+        self.gamma = check_number("gamma", gamma, low=0.0, low_open=True)
+
+    def make_commit(self, state, weights, pulled, num_steps):
+        steps = max(int(num_steps), 1)
+        return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
+
+    def server_init(self, center, num_workers):
+        return {}
+
+    def on_pull(self, state, center, clock, worker):
+        return {**state, worker: tree_map(np.copy, center)}
+
+    def apply(self, state, center, clock, worker, commit):
+        stale = state.get(worker, center)
+        new_center = tree_map(
+            lambda c, d, s: c + d * distance_factor(c - s, self.gamma), center, commit.tensors, stale
+        )
+        return new_center, None, {**state, worker: tree_map(np.copy, new_center)}
+
+    def get_config(self):
+        return {**super().get_config(), "gamma": self.gamma}

@@ -1,0 +1,45 @@
+"""DynSGD: staleness-scaled deltas (Jiang et al., SIGMOD 2017, as formulated by Hermans)."""
+
+from __future__ import annotations
+
+from elephant.optimizers.base import DistributedOptimizer, register, staleness, tree_map
+
+
+@register
+class DynSGD(DistributedOptimizer):
+    """Asynchronous delta exchange that divides each delta by its staleness plus one.
+
+    Worker: after ``num_steps`` local steps send ``Δ = θ − θ_pull`` (not
+    normalised) together with the clock ``c_k`` of the center it started from
+    (``Commit.base_clock``); adopt the center of the reply.
+
+    Server (one commit, at clock ``c``):
+
+        τ = c − c_k          (commits applied since the worker's window started)
+        θ̃ ← θ̃ + Δ / (τ + 1)
+        c ← c + 1
+
+    The clock is advanced by the runtime inside the same critical section, so τ
+    is exact (dist-keras read it outside its lock). With one worker τ ≡ 0 and
+    DynSGD is DOWNPOUR. In a homogeneous cluster ``E[τ] ≈ n − 1``.
+
+    Modes: ``"asynchronous"`` and ``"hogwild"`` (in hogwild the clock itself is
+    racy, so τ is approximate).
+
+    Args:
+        window: local steps per commit. Default 5 (dist-keras' trainer default).
+        staleness_bound: optional SSP bound; default None (unbounded).
+
+    Reference: J. Jiang, B. Cui, C. Zhang, L. Yu, "Heterogeneity-aware
+    Distributed Parameter Servers", SIGMOD 2017 (this ``1/(τ+1)`` form is the
+    one in J. Hermans' thesis and dist-keras, not the paper's version-based
+    bookkeeping).
+    """
+
+    name = "dynsgd"
+    modes = ("asynchronous", "hogwild")
+    default_window = 5
+
+    def apply(self, state, center, clock, worker, commit):
+        divisor = staleness(clock, commit) + 1
+        return tree_map(lambda c, d: c + d / divisor, center, commit.tensors), None, state

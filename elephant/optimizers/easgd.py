@@ -1,0 +1,214 @@
+"""Elastic averaging: EASGD (synchronous), AEASGD and EAMSGD (asynchronous).
+
+Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
+NeurIPS 2015, arXiv:1412.6651.
+
+Workers are tied to the center by a spring instead of being overwritten by it:
+an exchange moves the worker and the center towards each other by the same
+elastic term ``E = α(θᵏ − θ̃)``, so ``θᵏ + θ̃`` is conserved, and the worker keeps
+its own weights between exchanges.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from elephant.errors import ConfigError
+from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+
+logger = logging.getLogger(__name__)
+
+#: ``alpha=None`` means ``DEFAULT_BETA / num_workers`` (the paper's β = pα = 0.9).
+DEFAULT_BETA = 0.9
+
+
+def _moving_rate(alpha, rho, learning_rate) -> float | None:
+    """α from ``alpha`` or from dist-keras' ``rho * learning_rate``; None = 0.9 / n."""
+    if rho is None and learning_rate is None:
+        return None if alpha is None else check_number("alpha", alpha, low=0.0, high=1.0)
+    if alpha is not None:
+        raise ConfigError(
+            "give either `alpha` or `rho` with `learning_rate` (alpha = rho * learning_rate), not both; "
+            f"received alpha={alpha!r}, rho={rho!r}, learning_rate={learning_rate!r}"
+        )
+    if rho is None or learning_rate is None:
+        raise ConfigError(
+            "`rho` and `learning_rate` go together (alpha = rho * learning_rate); "
+            f"received rho={rho!r}, learning_rate={learning_rate!r}"
+        )
+    alpha = check_number("rho", rho, low=0.0) * check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    if alpha > 1.0:
+        raise ConfigError(
+            "the moving rate alpha = rho * learning_rate must be in [0, 1]; "
+            f"received rho={rho!r}, learning_rate={learning_rate!r} (alpha={alpha!r})"
+        )
+    return alpha
+
+
+class _Elastic(DistributedOptimizer):
+    """The elastic worker rule shared by the family: send θᵏ, then θᵏ ← θᵏ − E."""
+
+    def __init__(self, window=None, alpha=None, *, rho=None, learning_rate=None, staleness_bound=None):
+        super().__init__(window=window, staleness_bound=staleness_bound)
+        self.alpha = _moving_rate(alpha, rho, learning_rate)
+
+    def make_commit(self, state, weights, pulled, num_steps):
+        return tree_map(np.copy, weights), state
+
+    def on_reply(self, state, weights, reply):
+        if reply.tensors is None:
+            return weights, state
+        return tree_map(lambda w, e: w - e, weights, reply.tensors), state
+
+    def server_init(self, center, num_workers):
+        """The server state is the resolved moving rate α."""
+        return DEFAULT_BETA / max(int(num_workers), 1) if self.alpha is None else self.alpha
+
+    def get_config(self):
+        return {**super().get_config(), "alpha": self.alpha}
+
+
+@register
+class EASGD(_Elastic):
+    """Synchronous elastic averaging.
+
+    Worker: train ``window`` local steps, send its weights ``Wᵏ`` (never reset to
+    the center), wait for the round, then apply ``Wᵏ ← Wᵏ − Eᵏ``.
+
+    Server, one round over the workers that trained (``num_samples > 0``)::
+
+        Eᵏ = α (Wᵏ − θ̃)            for each such worker
+        θ̃ ← θ̃ + Σₖ Eᵏ  = (1 − β) θ̃ + β · meanₖ Wᵏ      with β = pα over p workers
+
+    and replies ``Eᵏ`` to worker ``k`` (zeros to a worker that trained nothing,
+    which therefore neither pulls the center nor moves). α = 0 gives independent
+    workers; β = 1 sets the center to the workers' mean.
+
+    Mode: ``"synchronous"``.
+
+    Args:
+        window: local steps per round (the paper's communication period τ).
+            Default 32 (dist-keras' EASGD-family default).
+        alpha: moving rate α in [0, 1]. Default None = ``0.9 / num_workers``
+            (β = 0.9, as in the paper's experiments), resolved by the server.
+        rho, learning_rate: dist-keras parity, ``alpha = rho * learning_rate``
+            (dist-keras' trainer used ``rho=5.0, learning_rate=0.1``, α = 0.5).
+            Give both or neither, and not together with ``alpha``.
+
+    Raises:
+        ConfigError: a hyper-parameter is out of range or they are combined wrongly.
+    """
+
+    name = "easgd"
+    modes = ("synchronous",)
+    default_window = 32
+
+    def server_init(self, center, num_workers):
+        alpha = super().server_init(center, num_workers)
+        if alpha * num_workers > 1:
+            logger.warning(
+                "EASGD alpha=%g with %d workers gives beta=%g > 1: the center overshoots the workers' mean",
+                alpha, num_workers, alpha * num_workers,
+            )
+        return alpha
+
+    def apply_round(self, state, center, clock, commits):
+        alpha = state
+        elastic = {
+            k: tree_map(lambda w, c: alpha * (w - c), c.tensors, center) if c.num_samples > 0 else None
+            for k, c in sorted(commits.items())
+        }
+        new_center = center
+        for term in elastic.values():
+            if term is not None:
+                new_center = tree_map(lambda c, e: c + e, new_center, term)
+        zeros = [np.zeros_like(c) for c in center]
+        return new_center, {k: zeros if e is None else e for k, e in elastic.items()}, state
+
+
+@register
+class AEASGD(_Elastic):
+    """Asynchronous elastic averaging with an atomic exchange.
+
+    Worker: train ``window`` local steps, send its weights ``Wᵏ`` (never reset to
+    the center), then apply ``Wᵏ ← Wᵏ − E`` with the ``E`` of the reply.
+
+    Server (one commit, one critical section)::
+
+        E = α (Wᵏ − θ̃)
+        θ̃ ← θ̃ + E                 reply E
+
+    Computing ``E`` from the center it is added to (dist-keras pulled and
+    committed in two messages, so another commit could land in between) keeps
+    ``Wᵏ + θ̃`` exactly conserved by an exchange. The local gradient steps use
+    the model's compiled Keras optimizer, evaluated at the post-exchange weights.
+
+    Modes: ``"asynchronous"`` and ``"hogwild"``.
+
+    Args:
+        window: local steps per exchange (the paper's τ). Default 32.
+        alpha: moving rate α in [0, 1]. Default None = ``0.9 / num_workers``
+            (resolved by the server; dist-keras' α = 0.5 pulls hard with many workers).
+        rho, learning_rate: dist-keras parity, ``alpha = rho * learning_rate``
+            (its trainer default ``rho=5.0, learning_rate=0.1`` is α = 0.5).
+            Give both or neither, and not together with ``alpha``.
+        staleness_bound: optional SSP bound; default None (unbounded).
+
+    Raises:
+        ConfigError: a hyper-parameter is out of range or they are combined wrongly.
+    """
+
+    name = "aeasgd"
+    modes = ("asynchronous", "hogwild")
+    default_window = 32
+
+    def apply(self, state, center, clock, worker, commit):
+        alpha = state
+        elastic = tree_map(lambda w, c: alpha * (w - c), commit.tensors, center)
+        return tree_map(lambda c, e: c + e, center, elastic), elastic, state
+
+
+@register
+class EAMSGD(AEASGD):
+    """AEASGD whose workers take Nesterov momentum steps locally.
+
+    The exchange is exactly :class:`AEASGD`'s. The momentum lives in the local
+    optimizer, so compile the model with ``keras.optimizers.SGD(learning_rate,
+    momentum=δ, nesterov=True)`` — :meth:`local_optimizer` builds it from this
+    rule's ``momentum``. (Keras' Nesterov stores the look-ahead iterate, so its
+    trace equals the paper's Algorithm 2 up to that change of variables.)
+
+    Modes: ``"asynchronous"`` and ``"hogwild"``.
+
+    Args:
+        window: local steps per exchange. Default 32.
+        alpha: moving rate; default None = ``0.9 / num_workers``.
+        momentum: Nesterov momentum δ in [0, 1) for the local optimizer.
+            Default 0.9 (dist-keras; the paper's experiments used 0.99).
+        rho, learning_rate: dist-keras parity, ``alpha = rho * learning_rate``.
+        staleness_bound: optional SSP bound; default None (unbounded).
+
+    Raises:
+        ConfigError: a hyper-parameter is out of range or they are combined wrongly.
+    """
+
+    name = "eamsgd"
+
+    def __init__(self, window=None, alpha=None, momentum=0.9, *, rho=None, learning_rate=None, staleness_bound=None):
+        super().__init__(window, alpha, rho=rho, learning_rate=learning_rate, staleness_bound=staleness_bound)
+        self.momentum = check_number("momentum", momentum, low=0.0, high=1.0, high_open=True)
+
+    def local_optimizer(self, learning_rate: float = 0.01):
+        """The Keras optimizer to compile the model with: ``SGD(lr, momentum, nesterov=True)``.
+
+        Args:
+            learning_rate: local learning rate η. Default 0.01 (Keras' SGD default).
+        """
+        import keras  # deferred: importing elephant.optimizers must not load TensorFlow
+
+        return keras.optimizers.SGD(learning_rate=learning_rate, momentum=self.momentum, nesterov=True)
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum}

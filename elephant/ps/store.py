@@ -1,0 +1,479 @@
+"""The parameter server's state: center weights, clock, idempotency, rounds (no HTTP).
+
+:class:`Store` owns the center variable and calls the distributed optimizer's
+server rule (the runtime half of :mod:`elephant.optimizers.base`):
+
+* **asynchronous**: validation, fencing, deduplication, the rule, the clock
+  increment and the staleness record of a commit form one critical section;
+* **hogwild**: fencing and deduplication are bookkept under the lock but the
+  rule runs without it, so concurrent commits can overwrite each other's
+  update (lost updates; racy by design, for experiments only);
+* **synchronous**: a round is ``(epoch, step)``; each commit waits until every
+  active partition of the epoch has committed that step or finished, then
+  ``apply_round`` runs once and every waiter gets the round's result.
+
+Idempotency: a commit whose key ``(run, epoch, partition, step)`` was applied
+is acknowledged with the current center and not applied again (first apply
+wins). Fencing: per ``(epoch, partition)`` the highest Spark
+``taskAttemptId()`` seen wins; lower attempts get :class:`StaleAttemptError`.
+With an SSP ``staleness_bound`` a pull (and the reply to a commit, which
+doubles as the next pull) waits for admission (optimizers.md §10.2).
+
+The center arrays are read-only snapshots that updates replace and never
+mutate, so replies hand them out without copying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence, Set
+from typing import Any
+
+import numpy as np
+
+from elephant.errors import ConfigError, ElephantError, PSError, ProtocolError
+from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply
+from elephant.ps.wire import CommitKey, all_finite
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CommitKey", "Store", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError", "ssp_admitted"]
+
+_COUNTERS = (
+    "commits_applied", "rounds_applied", "replays_dropped", "stale_attempts_fenced",
+    "commits_rejected", "pulls", "bytes_in", "bytes_out",
+)
+
+
+class StaleAttemptError(PSError):
+    """A commit or finish came from a Spark task attempt superseded by a newer one."""
+
+
+class RoundTimeoutError(PSError):
+    """A synchronous round or an SSP admission waited longer than ``round_timeout``."""
+
+
+class StoreClosedError(PSError):
+    """The store was closed: the parameter server is stopping."""
+
+
+def ssp_admitted(commits: Sequence[int], finished: Set[int], partition: int, bound: int | None) -> bool:
+    """Stale Synchronous Parallel admission (optimizers.md §10.2).
+
+    ``partition`` may start its next window when it is at most ``bound``
+    commits ahead of the slowest partition that has not finished the epoch.
+    Finished partitions leave the minimum; ``bound=None`` always admits.
+
+    Args:
+        commits: commits applied this epoch, by partition.
+        finished: partitions that finished the epoch.
+        partition: the partition asking to start a window.
+        bound: the staleness bound ``s``, or None (unbounded).
+    """
+    if bound is None or partition in finished:
+        return True
+    return commits[partition] - min(c for p, c in enumerate(commits) if p not in finished) <= bound
+
+
+@dataclasses.dataclass
+class _Round:
+    step: int
+    pending: dict[int, tuple] = dataclasses.field(default_factory=dict)  # p -> (key, attempt, commit, token)
+    done: bool = False
+    error: str | None = None
+    clock: int = 0
+    center: list = dataclasses.field(default_factory=list)
+    replies: dict = dataclasses.field(default_factory=dict)
+    attempts: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Epoch:
+    commits: list[int]  # applied commits per partition (SSP clocks)
+    finished: set[int] = dataclasses.field(default_factory=set)
+    attempts: dict[int, int] = dataclasses.field(default_factory=dict)
+    applied: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    rounds: dict[int, _Round] = dataclasses.field(default_factory=dict)
+
+
+def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
+    out = [np.asarray(a) for a in arrays]
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+def _int_arg(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ProtocolError(f"`{name}` must be an int >= 0; received {name}={value!r}")
+    return int(value)
+
+
+class Store:
+    """Center weights, clock and bookkeeping of one fit; thread-safe.
+
+    Args:
+        center: initial weights (Keras ``get_weights()`` order); copied.
+        optimizer: the distributed optimizer whose server rule is applied.
+        mode: ``"synchronous"``, ``"asynchronous"`` or ``"hogwild"``; one of
+            ``optimizer.modes``.
+        num_workers: number of partitions; ids are ``0..num_workers-1`` and
+            every epoch starts with all of them active. Every partition must
+            commit or call :meth:`finish`, or rounds and SSP admissions wait.
+        run: the fit's run id; requests naming another run are rejected.
+        round_timeout: seconds a synchronous round or an SSP admission may
+            wait before :class:`RoundTimeoutError`. Default 600.
+
+    Raises:
+        ConfigError: an invalid argument, or ``mode`` not in ``optimizer.modes``.
+    """
+
+    def __init__(self, center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mode: str,
+                 num_workers: int, run: str, round_timeout: float = 600.0):
+        if mode not in MODES:
+            raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
+        if mode not in optimizer.modes:
+            raise ConfigError(f"{type(optimizer).__name__} supports modes {optimizer.modes}; received mode={mode!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ConfigError(f"`num_workers` must be a positive int; received num_workers={num_workers!r}")
+        if not isinstance(run, str) or not run:
+            raise ConfigError(f"`run` must be a non-empty str; received run={run!r}")
+        if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
+            raise ConfigError(f"`round_timeout` must be > 0 seconds; received round_timeout={round_timeout!r}")
+        self._center = _freeze([np.array(a, copy=True) for a in center])
+        self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
+        self._round_timeout = float(round_timeout)
+        self._state = optimizer.server_init(self.center(), num_workers)
+        self._clock = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._epochs: dict[int, _Epoch] = {}
+        self._latest_epoch: int | None = None
+        self._ledger: list[tuple[CommitKey, int]] = []
+        self._closed = False
+        self._waiting = 0  # requests blocked in a round or an SSP admission
+        self._counts: Counter[str] = Counter()
+        self._staleness: Counter[int] = Counter()
+        logger.info("store of run %s: mode=%s, optimizer=%r, num_workers=%d, %d tensors, %d bytes", run, mode,
+                    optimizer, num_workers, len(self._center), sum(a.nbytes for a in self._center))
+
+    # ------------------------------------------------------------------ reads
+    run = property(lambda self: self._run, doc="The fit's run id.")
+    mode = property(lambda self: self._mode, doc="The synchronisation mode.")
+    num_workers = property(lambda self: self._num_workers, doc="Number of partitions.")
+    optimizer = property(lambda self: self._optimizer, doc="The distributed optimizer.")
+    clock = property(lambda self: self._clock, doc="Commits (asynchronous) or rounds (synchronous) applied.")
+    template = property(lambda self: list(self._center), doc="The center as read-only arrays (shapes, dtypes).")
+
+    def center(self) -> list[np.ndarray]:
+        """A writable copy of the center weights."""
+        return [np.array(a, copy=True) for a in self._center]
+
+    def ledger(self) -> list[tuple[CommitKey, int]]:
+        """Applied ``(key, attempt)`` pairs in apply order."""
+        with self._lock:
+            return list(self._ledger)
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters, the staleness histogram ``{tau: count}`` with its mean and max, and more."""
+        with self._lock:
+            hist = dict(sorted(self._staleness.items()))
+            total = sum(hist.values())
+            out: dict[str, Any] = {name: self._counts[name] for name in _COUNTERS}
+            out.update(run=self._run, mode=self._mode, clock=self._clock, num_workers=self._num_workers,
+                       staleness=hist, staleness_max=max(hist, default=0), waiting=self._waiting,
+                       staleness_mean=sum(t * c for t, c in hist.items()) / total if total else 0.0)
+            return out
+
+    def count_bytes(self, received: int, sent: int) -> None:
+        """Add request and response body sizes to the metrics (called by the app)."""
+        with self._lock:
+            self._counts["bytes_in"] += received
+            self._counts["bytes_out"] += sent
+
+    def close(self) -> None:
+        """Refuse further requests; wake every waiting one with :class:`StoreClosedError`."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- helpers
+    def _epoch(self, epoch: int) -> _Epoch:
+        if epoch not in self._epochs:
+            self._epochs[epoch] = _Epoch(commits=[0] * self._num_workers)
+            self._latest_epoch = max(epoch, self._latest_epoch if self._latest_epoch is not None else epoch)
+        return self._epochs[epoch]
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self._num_workers:
+            raise ProtocolError(f"partition {partition} is out of range for num_workers={self._num_workers}")
+
+    def _fence(self, run: str, epoch: int, partition: int, attempt: int, what: str) -> _Epoch:
+        """Closed check, run check and attempt fencing; the caller holds the lock."""
+        if self._closed:
+            raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
+        if run != self._run:
+            self._counts["commits_rejected"] += 1
+            raise ProtocolError(f"{what} names run {run!r} but this parameter server serves run {self._run!r}")
+        ep = self._epoch(epoch)
+        highest = ep.attempts.get(partition, -1)
+        if attempt < highest:
+            self._counts["stale_attempts_fenced"] += 1
+            logger.warning("fenced %s: task attempt %d of the partition superseded it", what, highest)
+            raise StaleAttemptError(f"{what} was superseded by task attempt {highest} of the same partition")
+        ep.attempts[partition] = attempt
+        return ep
+
+    def _validate(self, key: CommitKey, attempt: int, commit: Commit, check_finite: bool) -> str:
+        """Lock-free structural checks (the center's structure never changes)."""
+        ints = [_int_arg(n, v) for n, v in zip(("epoch", "partition", "step", "attempt"), (*key[1:], attempt))]
+        what = f"commit (run {key.run}, epoch {ints[0]}, partition {ints[1]}, step {ints[2]}, attempt {attempt})"
+        try:
+            self._check_partition(key.partition)
+            for name in ("num_steps", "num_samples", "base_clock"):
+                _int_arg(name, getattr(commit, name))
+            if len(commit.tensors) != len(self._center):
+                raise ProtocolError(f"expected {len(self._center)} tensors, received {len(commit.tensors)}")
+            for i, (c, t) in enumerate(zip(self._center, commit.tensors)):
+                if getattr(t, "shape", None) != c.shape or getattr(t, "dtype", None) != c.dtype:
+                    got = f"{getattr(t, 'dtype', type(t).__name__)}{list(getattr(t, 'shape', ()))}"
+                    raise ProtocolError(f"tensor {i}: expected {c.dtype}{list(c.shape)}, received {got}")
+                if check_finite and not all_finite(t):
+                    raise ProtocolError(f"tensor {i} holds non-finite values (NaN or inf)")
+        except ProtocolError as exc:
+            with self._lock:
+                self._counts["commits_rejected"] += 1
+            raise ProtocolError(f"{what}: {exc}") from None
+        return what
+
+    def _checked(self, what: str, call: Callable[[], tuple]) -> tuple:
+        """Run a server rule; wrap its failure and check the new center's structure."""
+        name = type(self._optimizer).__name__
+        try:
+            new_center, replies, state = call()
+        except ElephantError:
+            raise
+        except Exception as exc:
+            raise PSError(f"{what}: the server rule of {name} failed: {exc!r}") from exc
+        if len(new_center) != len(self._center):
+            raise PSError(f"{what}: {name}'s server rule returned {len(new_center)} tensors, expected {len(self._center)}")
+        for i, (c, t) in enumerate(zip(self._center, new_center)):
+            if np.shape(t) != c.shape or np.asarray(t).dtype != c.dtype:
+                raise PSError(f"{what}: {name}'s server rule returned {np.asarray(t).dtype}{list(np.shape(t))} "
+                              f"for tensor {i}, expected {c.dtype}{list(c.shape)}")
+        return _freeze(new_center), replies, state
+
+    def _record(self, ep: _Epoch, key: CommitKey, attempt: int, commit: Commit, clock_before: int) -> None:
+        ep.applied.add((key.partition, key.step))
+        ep.commits[key.partition] += 1
+        self._ledger.append((key, attempt))
+        self._counts["commits_applied"] += 1
+        self._staleness[clock_before - commit.base_clock] += 1
+
+    def _check_base_clock(self, commit: Commit, what: str) -> None:
+        if commit.base_clock > self._clock:
+            raise ProtocolError(f"{what}: base_clock {commit.base_clock} is ahead of the server clock {self._clock}")
+
+    def _wait(self, ready: Callable[[], bool], on_timeout: Callable[[], str]) -> None:
+        """Wait (lock held) until ``ready()``; after ``round_timeout`` raise with ``on_timeout()``'s message."""
+        deadline = time.monotonic() + self._round_timeout
+        self._waiting += 1
+        try:
+            while not ready():
+                if self._closed:
+                    raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    message = on_timeout()
+                    logger.warning("%s", message)
+                    raise RoundTimeoutError(message)
+                self._cond.wait(remaining)
+        finally:
+            self._waiting -= 1
+
+    def _admit(self, ep: _Epoch, epoch: int, partition: int, what: str) -> None:
+        """Block (lock held) until SSP admits ``partition`` to start a window."""
+        bound = self._optimizer.staleness_bound
+        if self._mode == "synchronous" or bound is None:
+            return
+
+        def message() -> str:
+            active = {p: c for p, c in enumerate(ep.commits) if p not in ep.finished}
+            slowest = min(active, key=active.get)
+            return (f"{what} waited {self._round_timeout:g} s for admission under staleness_bound={bound}: "
+                    f"partition {partition} has {ep.commits[partition]} commits in epoch {epoch}, the slowest "
+                    f"active partition {slowest} has {active[slowest]}")
+
+        self._wait(lambda: ssp_admitted(ep.commits, ep.finished, partition, bound), message)
+
+    def _replay(self, what: str) -> None:
+        self._counts["replays_dropped"] += 1
+        logger.info("acknowledged a replay of the applied %s", what)
+
+    # -------------------------------------------------------------- requests
+    def pull(self, worker: int, epoch: int | None = None) -> Reply:
+        """The center and clock for ``worker``, as read-only arrays.
+
+        With an SSP ``staleness_bound`` the pull waits while ``worker`` is more
+        than ``s`` commits ahead of the slowest active worker of ``epoch``
+        (default: the latest epoch seen).
+
+        Raises:
+            ProtocolError: ``worker`` or ``epoch`` is invalid.
+            RoundTimeoutError: admission waited longer than ``round_timeout``.
+            StoreClosedError: the store is closed.
+        """
+        worker = _int_arg("worker", worker)
+        self._check_partition(worker)
+        what = f"pull (worker {worker})"
+        with self._cond:
+            if self._closed:
+                raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
+            epoch = self._latest_epoch if epoch is None else _int_arg("epoch", epoch)
+            if epoch is not None:
+                self._admit(self._epoch(epoch), epoch, worker, what)
+            self._state = self._optimizer.on_pull(self._state, self._center, self._clock, worker)
+            self._counts["pulls"] += 1
+            return Reply(clock=self._clock, center=list(self._center))
+
+    def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
+        """``partition`` has no more data in ``epoch``: it leaves rounds and the SSP minimum.
+
+        Raises:
+            StaleAttemptError: a newer attempt of the partition was seen.
+            ProtocolError: wrong run, or an invalid epoch, partition or attempt.
+        """
+        epoch, partition, attempt = (_int_arg(n, v) for n, v in zip(("epoch", "partition", "attempt"),
+                                                                     (epoch, partition, attempt)))
+        self._check_partition(partition)
+        what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
+        with self._cond:
+            ep = self._fence(run, epoch, partition, attempt, what)
+            ep.finished.add(partition)
+            for step in sorted(ep.rounds):
+                self._close_round(ep, ep.rounds[step])
+            self._cond.notify_all()
+
+    def commit(self, key: CommitKey, attempt: int, commit: Commit, *, check_finite: bool = True) -> Reply:
+        """Apply (or acknowledge a replay of) one commit; return the new center.
+
+        Args:
+            key: the idempotency key ``(run, epoch, partition, step)``.
+            attempt: the Spark task attempt id (``TaskContext.taskAttemptId()``).
+            commit: the worker rule's payload.
+            check_finite: reject NaN and inf (default True; the HTTP app passes
+                False because the wire decoder already checked).
+
+        Returns:
+            Clock and center after the commit (after its round in synchronous
+            mode; after SSP admission for the next window with a staleness
+            bound) and the rule's reply tensors (None for a replay).
+
+        Raises:
+            ProtocolError: wrong run, invalid key, or tensors unlike the center
+                (count, shape, dtype, finite); nothing is applied.
+            StaleAttemptError: a newer attempt of the partition was seen.
+            RoundTimeoutError: the round or the SSP admission waited too long.
+            StoreClosedError: the store is closed.
+            PSError: the server rule failed (the center is unchanged).
+        """
+        key = CommitKey(*key)
+        what = self._validate(key, attempt, commit, check_finite)
+        if self._mode == "synchronous":
+            return self._commit_round(key, attempt, commit, what)
+        with self._cond:
+            ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
+            if (key.partition, key.step) in ep.applied:
+                self._replay(what)
+                return self._admitted_reply(ep, key, what, None)
+            self._check_base_clock(commit, what)
+            ep.applied.add((key.partition, key.step))  # claimed: a concurrent replay is dropped
+            snapshot = (self._state, self._center, self._clock)
+            if self._mode == "asynchronous":
+                return self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+        # hogwild: the rule runs without the lock; a concurrent commit may read the
+        # same center, and then one of the two updates is lost.
+        return self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+
+    def _apply_claimed(self, ep: _Epoch, key: CommitKey, attempt: int, commit: Commit, what: str,
+                       snapshot: tuple) -> Reply:
+        """Apply a claimed commit (lock held in asynchronous mode, taken here in hogwild)."""
+        guard = self._cond if self._mode == "hogwild" else contextlib.nullcontext()
+        state, center, clock = snapshot
+        try:
+            new_center, tensors, state = self._checked(
+                what, lambda: self._optimizer.apply(state, center, clock, key.partition, commit))
+        except BaseException:
+            with guard:
+                ep.applied.discard((key.partition, key.step))
+            raise
+        with guard:
+            self._center, self._state = new_center, state
+            self._clock += 1
+            self._record(ep, key, attempt, commit, clock)
+            self._cond.notify_all()
+            return self._admitted_reply(ep, key, what, tensors)
+
+    def _admitted_reply(self, ep: _Epoch, key: CommitKey, what: str, tensors: Any) -> Reply:
+        self._admit(ep, key.epoch, key.partition, what)  # the reply doubles as the next pull
+        return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
+
+    def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str) -> Reply:
+        p, token = key.partition, object()
+        with self._cond:
+            ep = self._fence(key.run, key.epoch, p, attempt, what)
+            if (p, key.step) in ep.applied:
+                self._replay(what)
+                return Reply(clock=self._clock, center=list(self._center))
+            self._check_base_clock(commit, what)
+            rnd = ep.rounds.setdefault(key.step, _Round(key.step))
+            rnd.pending[p] = (key, attempt, commit, token)  # a same or newer attempt replaces a pending commit
+            self._close_round(ep, rnd)
+
+            def withdraw() -> str:  # on timeout: leave the round, so "failed" means "not applied"
+                if rnd.pending.get(p, (None,) * 4)[3] is token:
+                    del rnd.pending[p]
+                    if not rnd.pending:
+                        ep.rounds.pop(key.step, None)
+                missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
+                return (f"{what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
+                        f"committed: {sorted(rnd.pending)}, missing: {sorted(missing)}")
+
+            self._wait(lambda: rnd.done, withdraw)
+            if rnd.error is not None:
+                raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
+            if rnd.attempts[p] > attempt:
+                self._counts["stale_attempts_fenced"] += 1
+                raise StaleAttemptError(f"{what} was superseded by task attempt {rnd.attempts[p]} in its round")
+            return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(p))
+
+    def _close_round(self, ep: _Epoch, rnd: _Round) -> None:
+        """Apply ``rnd`` once every active partition has committed (lock held)."""
+        if rnd.done or not rnd.pending or not set(range(self._num_workers)) - ep.finished <= rnd.pending.keys():
+            return
+        entries = sorted(rnd.pending.items())
+        commits = {p: entry[2] for p, entry in entries}
+        clock, state, center = self._clock, self._state, self._center
+        ep.rounds.pop(rnd.step, None)
+        rnd.done = True
+        what = f"round (step {rnd.step}, partitions {sorted(commits)})"
+        try:
+            self._center, replies, self._state = self._checked(
+                what, lambda: self._optimizer.apply_round(state, center, clock, commits))
+        except Exception as exc:  # every waiter of the round reports it
+            logger.error("%s failed: %r", what, exc)
+            rnd.error = f"{type(exc).__name__}: {exc}"
+            self._cond.notify_all()
+            return
+        self._clock += 1
+        self._counts["rounds_applied"] += 1
+        for p, (key, attempt, commit, _) in entries:
+            self._record(ep, key, attempt, commit, clock)
+            rnd.attempts[p] = attempt
+        rnd.clock, rnd.center, rnd.replies = self._clock, self._center, dict(replies or {})
+        self._cond.notify_all()

@@ -1,0 +1,407 @@
+"""Message encoding for the parameter server: the safetensors layout, no pickle.
+
+A message is one safetensors buffer::
+
+    [8-byte little-endian header length N][N bytes of JSON header, space-padded][tensor bytes]
+
+The JSON header has one entry per tensor, named by its index (``"0000"``,
+``"0001"``, ...) as ``{"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}``,
+plus ``"__metadata__"``: a str -> str map whose ``"elephant"`` entry holds our
+small message header as JSON (run, epoch, partition, step, attempt, clocks,
+tensor counts).
+
+We produce and parse the layout ourselves, because the library copies: encoding
+returns the header plus a memoryview of every array (no join, no copy), and
+decoding wraps slices of the received buffer with ``np.frombuffer`` (no copy).
+The tests check compatibility both ways with ``safetensors.numpy``.
+
+Decoding is strict: every deviation (truncated or oversized header, bad JSON,
+unknown dtype, overlapping or gapped offsets, trailing bytes, wrong count,
+shape or dtype against a template, NaN or inf) raises
+:class:`~elephant.errors.ProtocolError` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from elephant.errors import ProtocolError
+from elephant.optimizers.base import Commit, Reply
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CommitKey",
+    "MAX_HEADER_BYTES",
+    "Encoded",
+    "encode",
+    "decode",
+    "encode_commit",
+    "decode_commit",
+    "encode_reply",
+    "decode_reply",
+    "all_finite",
+]
+
+#: Largest JSON header accepted (safetensors itself allows 100 MB; ours are tiny).
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+_META_KEY = "elephant"
+_FORMAT = "elephant-ps/1"
+
+_DTYPES: dict[str, np.dtype] = {
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"),
+    "I32": np.dtype("<i4"),
+    "I64": np.dtype("<i8"),
+    "U8": np.dtype("u1"),
+    "U16": np.dtype("<u2"),
+    "U32": np.dtype("<u4"),
+    "U64": np.dtype("<u8"),
+    "BOOL": np.dtype("?"),
+}
+_CODES: dict[tuple[str, int], str] = {(dt.kind, dt.itemsize): code for code, dt in _DTYPES.items()}
+
+
+class CommitKey(NamedTuple):
+    """Idempotency key of one commit, stable across Spark task retries.
+
+    ``step`` is the commit's index in the partition's deterministic iteration;
+    in synchronous mode ``(epoch, step)`` names the round, so every worker must
+    number its commits the same way.
+    """
+
+    run: str
+    epoch: int
+    partition: int
+    step: int
+
+
+class Encoded:
+    """An encoded message as a list of buffers (header first), never joined.
+
+    Iterating yields the buffers and ``len()`` is the total size, so
+    ``requests`` streams it with a ``Content-Length`` and no copy.
+    """
+
+    __slots__ = ("buffers", "nbytes")
+
+    def __init__(self, buffers: list[Any], nbytes: int):
+        self.buffers = buffers
+        self.nbytes = nbytes
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.buffers)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def tobytes(self) -> bytes:
+        """The whole message as one ``bytes`` object (one copy)."""
+        return b"".join(self.buffers)
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """True unless a float array holds NaN or inf.
+
+    Fast path: the sum of an array is finite only if every element is, so one
+    reduction (no temporary) settles the common case; an overflowing sum falls
+    back to the exact element-wise test.
+    """
+    if a.dtype.kind != "f" or a.size == 0:
+        return True
+    with np.errstate(all="ignore"):
+        if math.isfinite(float(np.add.reduce(a, axis=None))):
+            return True
+    return bool(np.isfinite(a).all())
+
+
+def _as_wire_array(index: int, a: Any) -> np.ndarray:
+    a = np.asarray(a)
+    code = _CODES.get((a.dtype.kind, a.dtype.itemsize))
+    if code is None:
+        raise ProtocolError(
+            f"tensor {index}: dtype {a.dtype} cannot be sent; expected one of "
+            f"{sorted(str(d) for d in _DTYPES.values())}"
+        )
+    wire_dtype = _DTYPES[code]
+    if a.dtype != wire_dtype:  # big-endian input
+        a = a.astype(wire_dtype)
+    return a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+
+
+def encode(tensors: Sequence[np.ndarray], meta: Mapping[str, Any] | None = None) -> Encoded:
+    """Encode arrays and a JSON-able header as one safetensors message.
+
+    Tensor data is laid out by decreasing item size (as safetensors does) so
+    every array is aligned in the receiver's buffer; names keep the order.
+
+    Args:
+        tensors: the arrays, in order. Supported dtypes: float16/32/64,
+            int8-64, uint8-64 and bool.
+        meta: our message header, stored as JSON in ``__metadata__``; default none.
+
+    Returns:
+        The message as an :class:`Encoded` list of buffers.
+
+    Raises:
+        ProtocolError: an array has an unsupported dtype or ``meta`` is not JSON-able.
+    """
+    arrays = [_as_wire_array(i, t) for i, t in enumerate(tensors)]
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].dtype.itemsize)
+    entries: dict[str, Any] = {}
+    buffers: list[Any] = [b""]
+    offset = 0
+    for i in order:
+        a = arrays[i]
+        n = a.nbytes
+        entries[f"{i:04d}"] = {
+            "dtype": _CODES[(a.dtype.kind, a.dtype.itemsize)],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + n],
+        }
+        if n:
+            buffers.append(memoryview(a.reshape(-1).view(np.uint8)))
+        offset += n
+    try:
+        meta_json = json.dumps(dict(meta or {}), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"message header is not JSON-serialisable: {exc}") from None
+    header: dict[str, Any] = {"__metadata__": {"format": _FORMAT, _META_KEY: meta_json}}
+    header.update(entries)
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    buffers[0] = len(raw).to_bytes(8, "little") + raw
+    return Encoded(buffers, 8 + len(raw) + offset)
+
+
+def _header_int(name: str, entry: Any, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"tensor {name}: {field} must hold non-negative ints; received {entry!r}")
+    return value
+
+
+def _parse_entry(name: str, entry: Any) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise ProtocolError(
+            f"tensor {name}: expected an object with keys dtype, shape, data_offsets; received {entry!r}"
+        )
+    dtype = _DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
+    if dtype is None:
+        raise ProtocolError(f"tensor {name}: unknown dtype {entry['dtype']!r}; expected one of {sorted(_DTYPES)}")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not isinstance(shape, list):
+        raise ProtocolError(f"tensor {name}: shape must be a list of ints; received {shape!r}")
+    shape_t = tuple(_header_int(name, entry, "shape", d) for d in shape)
+    if not isinstance(offsets, list) or len(offsets) != 2:
+        raise ProtocolError(f"tensor {name}: data_offsets must be [begin, end]; received {offsets!r}")
+    begin, end = (_header_int(name, entry, "data_offsets", o) for o in offsets)
+    expected = math.prod(shape_t) * dtype.itemsize
+    if end - begin != expected:
+        raise ProtocolError(
+            f"tensor {name}: data_offsets [{begin}, {end}] span {end - begin} bytes but "
+            f"shape {list(shape_t)} of {entry['dtype']} needs {expected}"
+        )
+    return dtype, shape_t, begin, end
+
+
+def _parse_meta(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise ProtocolError(f"__metadata__ must map str to str; received {raw!r:.200}")
+    if _META_KEY not in raw:
+        return {}
+    try:
+        meta = json.loads(raw[_META_KEY])
+    except ValueError as exc:
+        raise ProtocolError(f"message header in __metadata__ is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"message header must be a JSON object; received {meta!r:.200}")
+    return meta
+
+
+def decode(
+    buf: bytes | bytearray | memoryview,
+    template: Sequence[Any] | None = None,
+    *,
+    count: int | None = None,
+    check_finite: bool = True,
+) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Parse a safetensors message without copying the tensor data.
+
+    The arrays are views of ``buf`` (read-only if ``buf`` is ``bytes``).
+
+    Args:
+        buf: the whole message.
+        template: optional expected arrays (anything with ``shape`` and
+            ``dtype``); count, shapes and dtypes must match exactly.
+        count: optional expected number of tensors (implied by ``template``).
+        check_finite: reject NaN and inf in float tensors (default True).
+
+    Returns:
+        ``(tensors, meta)``: the arrays in index order and our message header
+        (``{}`` if the message carries none).
+
+    Raises:
+        ProtocolError: the message is malformed or does not match the template.
+    """
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    size = mv.nbytes
+    if size < 8:
+        raise ProtocolError(f"message of {size} bytes is shorter than the 8-byte header-length prefix")
+    hlen = int.from_bytes(mv[:8], "little")
+    if hlen > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header length {hlen} exceeds the limit of {MAX_HEADER_BYTES} bytes")
+    if hlen > size - 8:
+        raise ProtocolError(f"header length {hlen} exceeds the {size - 8} bytes after the prefix (truncated message?)")
+    try:
+        header = json.loads(bytes(mv[8 : 8 + hlen]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a JSON object; received {type(header).__name__}")
+    meta = _parse_meta(header.pop("__metadata__", None))
+
+    n = len(header)
+    if template is not None:
+        count = len(template)
+    if count is not None and n != count:
+        raise ProtocolError(f"expected {count} tensors, received {n}")
+    parsed: list[Any] = [None] * n
+    for name, entry in header.items():
+        index = int(name) if name.isdigit() and name.isascii() else -1
+        if not 0 <= index < n or name != f"{index:04d}" or parsed[index] is not None:
+            raise ProtocolError(f"tensor name {name!r} is not one of '0000'..'{n - 1:04d}' (once each)")
+        parsed[index] = _parse_entry(name, entry)
+
+    data_start = 8 + hlen
+    data_len = size - data_start
+    position = 0
+    for dtype, shape, begin, end in sorted(parsed, key=lambda p: (p[2], p[3])):
+        if begin != position:
+            raise ProtocolError(
+                f"data_offsets are not contiguous: a tensor starts at byte {begin}, expected {position}"
+            )
+        position = end
+    if position > data_len:
+        raise ProtocolError(f"data_offsets reach byte {position} but the message holds {data_len} data bytes (truncated?)")
+    if position < data_len:
+        raise ProtocolError(f"message has {data_len - position} trailing bytes after the last tensor")
+
+    tensors = []
+    for i, (dtype, shape, begin, end) in enumerate(parsed):
+        a = np.frombuffer(mv, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin)
+        tensors.append(a.reshape(shape))
+    if template is not None:
+        for i, (t, a) in enumerate(zip(template, tensors)):
+            if tuple(t.shape) != a.shape:
+                raise ProtocolError(f"tensor {i}: expected shape {tuple(t.shape)}, received {a.shape}")
+            if np.dtype(t.dtype) != a.dtype:
+                raise ProtocolError(f"tensor {i}: expected dtype {np.dtype(t.dtype)}, received {a.dtype}")
+    if check_finite:
+        for i, a in enumerate(tensors):
+            if not all_finite(a):
+                raise ProtocolError(f"tensor {i} holds non-finite values (NaN or inf)")
+    return tensors, meta
+
+
+# ------------------------------------------------------------------ messages
+_COMMIT_INTS = ("epoch", "partition", "step", "attempt", "num_steps", "num_samples", "base_clock")
+
+
+def _meta_int(meta: Mapping[str, Any], field: str, what: str) -> int:
+    value = meta.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"{what} header field {field!r} must be an int >= 0; received {value!r}")
+    return value
+
+
+def _check_kind(meta: Mapping[str, Any], kind: str) -> None:
+    if meta.get("kind") != kind:
+        raise ProtocolError(f"expected a {kind!r} message, received kind={meta.get('kind')!r}")
+
+
+def encode_commit(key: CommitKey, attempt: int, commit: Commit) -> Encoded:
+    """Encode a worker's commit with its idempotency key and task attempt id."""
+    meta = {
+        "kind": "commit",
+        "run": key.run,
+        "epoch": key.epoch,
+        "partition": key.partition,
+        "step": key.step,
+        "attempt": attempt,
+        "num_steps": commit.num_steps,
+        "num_samples": commit.num_samples,
+        "base_clock": commit.base_clock,
+    }
+    return encode(commit.tensors, meta)
+
+
+def decode_commit(
+    buf: bytes | bytearray | memoryview, template: Sequence[Any] | None = None
+) -> tuple[CommitKey, int, Commit]:
+    """Decode and validate a commit: ``(key, attempt, commit)``.
+
+    Raises:
+        ProtocolError: malformed message, header fields, or tensors that do not
+            match ``template`` (count, shapes, dtypes) or are not finite.
+    """
+    tensors, meta = decode(buf, template)
+    _check_kind(meta, "commit")
+    if not isinstance(meta.get("run"), str):
+        raise ProtocolError(f"commit header field 'run' must be a str; received {meta.get('run')!r}")
+    ints = {f: _meta_int(meta, f, "commit") for f in _COMMIT_INTS}
+    key = CommitKey(meta["run"], ints["epoch"], ints["partition"], ints["step"])
+    commit = Commit(
+        tensors=tensors, num_steps=ints["num_steps"], num_samples=ints["num_samples"], base_clock=ints["base_clock"]
+    )
+    return key, ints["attempt"], commit
+
+
+def encode_reply(reply: Reply) -> Encoded:
+    """Encode a pull or commit reply: the center, then the optional reply tensors."""
+    extra = reply.tensors
+    meta = {
+        "kind": "reply",
+        "clock": reply.clock,
+        "n_center": len(reply.center),
+        "n_extra": None if extra is None else len(extra),
+    }
+    return encode(list(reply.center) + list(extra or []), meta)
+
+
+def decode_reply(buf: bytes | bytearray | memoryview, template: Sequence[Any] | None = None) -> Reply:
+    """Decode a reply; ``template`` (optional) is checked against the center part."""
+    tensors, meta = decode(buf)
+    _check_kind(meta, "reply")
+    clock = _meta_int(meta, "clock", "reply")
+    n_center = _meta_int(meta, "n_center", "reply")
+    n_extra = meta.get("n_extra")
+    if n_extra is not None:
+        n_extra = _meta_int(meta, "n_extra", "reply")
+    if n_center + (n_extra or 0) != len(tensors):
+        raise ProtocolError(
+            f"reply header announces {n_center} center and {n_extra or 0} extra tensors, received {len(tensors)}"
+        )
+    center = tensors[:n_center]
+    if template is not None:
+        if len(template) != n_center:
+            raise ProtocolError(f"expected {len(template)} center tensors, received {n_center}")
+        for i, (t, a) in enumerate(zip(template, center)):
+            if tuple(t.shape) != a.shape or np.dtype(t.dtype) != a.dtype:
+                raise ProtocolError(
+                    f"center tensor {i}: expected {np.dtype(t.dtype)}{list(t.shape)}, received {a.dtype}{list(a.shape)}"
+                )
+    return Reply(clock=clock, center=center, tensors=None if n_extra is None else tensors[n_center:])

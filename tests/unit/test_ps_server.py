@@ -1,0 +1,199 @@
+"""elephant.ps.server: lifecycle over real loopback sockets (fast, nothing left behind)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from flask import Flask
+
+from elephant.errors import ConfigError, PSError
+from elephant.optimizers import Commit, Downpour, ModelAveraging
+from elephant.ps import wire
+from elephant.ps.app import create_app
+from elephant.ps.server import PSServer, default_threads
+from elephant.ps.store import CommitKey, Store
+
+RUN = "run-s"
+TOKEN = "tok"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def make_app(mode="asynchronous", optimizer=None, num_workers=2, **kwargs):
+    store = Store([np.zeros(4, dtype=np.float32)], optimizer or Downpour(), mode, num_workers, RUN, **kwargs)
+    return store, create_app(store, TOKEN)
+
+
+def get(port, path, headers=AUTH):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def port_is_free(port):
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_port_zero_gets_a_real_port_and_serves_with_auth():
+    _, app = make_app()
+    with PSServer(app) as server:
+        assert server.port > 0
+        assert server.url == f"http://127.0.0.1:{server.port}"
+        assert server.running
+        assert get(server.port, "/health")[0] == 200
+        assert get(server.port, "/health", headers={})[0] == 401
+        assert not port_is_free(server.port)
+
+
+def test_second_start_is_refused():
+    _, app = make_app()
+    server = PSServer(app).start()
+    try:
+        with pytest.raises(PSError, match="already started"):
+            server.start()
+    finally:
+        server.stop()
+    with pytest.raises(PSError, match="already started"):
+        server.start()
+
+
+def test_stop_is_idempotent_and_leaves_no_thread_and_a_free_port():
+    _, app = make_app()
+    server = PSServer(app).start()
+    port = server.port
+    assert get(port, "/health")[0] == 200
+    server.stop()
+    server.stop()
+    assert not server.running
+    assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
+    assert port_is_free(port)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    _, app2 = make_app()
+    with PSServer(app2, port=port) as again:  # the same port can be served again at once
+        assert again.port == port
+
+
+def test_stop_before_start_is_a_no_op_and_port_needs_start():
+    _, app = make_app()
+    server = PSServer(app)
+    server.stop()
+    with pytest.raises(PSError, match="not running"):
+        server.port  # noqa: B018
+
+
+def test_port_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _, app = make_app()
+        with pytest.raises(PSError, match=f"could not bind the parameter server to 127.0.0.1:{port}"):
+            PSServer(app, port=port).start()
+
+
+def test_keep_alive_serves_many_requests_on_one_connection():
+    store, app = make_app()
+    with PSServer(app) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            for step in range(3):
+                body = wire.encode_commit(CommitKey(RUN, 0, 0, step), 1, Commit([np.ones(4, np.float32)], 1, 1, step))
+                conn.request("POST", "/commit", body=body.tobytes(), headers=AUTH)
+                response = conn.getresponse()
+                reply = wire.decode_reply(response.read())
+                assert response.status == 200 and response.getheader("Connection") is None
+                first_sock = conn.sock if step == 0 else first_sock
+                assert conn.sock is first_sock  # not reconnected
+            assert reply.clock == 3
+            conn.request("POST", "/commit", body=b"x" * 10, headers=AUTH)
+            response = conn.getresponse()
+            assert response.status == 400 and response.getheader("Connection") == "close"
+            response.read()
+        finally:
+            conn.close()
+    np.testing.assert_array_equal(store.center()[0], np.full(4, 3.0))
+
+
+def test_stop_releases_a_commit_blocked_in_a_round():
+    store, app = make_app(mode="synchronous", optimizer=ModelAveraging())
+    server = PSServer(app).start()
+    body = wire.encode_commit(CommitKey(RUN, 0, 0, 0), 1, Commit([np.ones(4, np.float32)], 1, 1, 0)).tobytes()
+
+    def blocked_commit():
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            conn.request("POST", "/commit", body=body, headers=AUTH)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(blocked_commit)
+        deadline = threading.Event()
+        while store.metrics()["waiting"] == 0 and not deadline.wait(0.005):
+            pass
+        server.stop()
+        assert future.result(timeout=10) == 503
+    assert store.clock == 0
+
+
+def test_handler_threads_are_bounded_and_extra_connections_queue():
+    _, app = make_app()
+    with PSServer(app, threads=2) as server:
+        conns = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=5) for _ in range(5)]
+        try:
+            for conn in conns:
+                conn.request("GET", "/health", headers=AUTH)
+            for conn in conns:  # keep-alive connections hold a thread until closed; the rest wait their turn
+                assert conn.getresponse().read()
+                handlers = [t for t in threading.enumerate() if t.name.startswith("elephant-ps-handler")]
+                assert len(handlers) <= 2
+                conn.close()
+        finally:
+            for conn in conns:
+                conn.close()
+
+
+@pytest.mark.parametrize("num_workers, expected", [(None, 8), (1, 8), (4, 8), (5, 9), (32, 36)])
+def test_default_threads(num_workers, expected):
+    assert default_threads(num_workers) == expected
+
+
+def test_default_threads_follow_the_store_and_settings_are_validated():
+    _, app = make_app(num_workers=20)
+    assert PSServer(app).threads == 24
+    with pytest.raises(ConfigError, match="`threads` must be a positive int; received threads=0"):
+        PSServer(app, threads=0)
+    with pytest.raises(ConfigError, match="must be made by elephant.ps.app.create_app"):
+        PSServer(Flask("plain"))
+
+
+def test_stop_does_not_wait_for_idle_keep_alive_connections():
+    _, app = make_app()
+    server = PSServer(app, idle_timeout=30.0).start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        conn.request("GET", "/health", headers=AUTH)
+        assert conn.getresponse().read()  # the connection stays open and idle in a handler thread
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < 2.0
+        assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
+    finally:
+        conn.close()
