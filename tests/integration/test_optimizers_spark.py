@@ -1,0 +1,57 @@
+"""Every registered distributed optimizer trains the digits MLP end to end over HTTP."""
+
+import pytest
+
+from elephant import SparkModel
+from elephant import optimizers as O
+
+from .conftest import accuracy, digits_model
+
+# name -> (frequency, local optimizer, epochs). Normalising rules (AGN, ADAG) commit one
+# *average* step per window, so they get a shorter window and a larger learning rate;
+# DC-ASGD derives gradients from deltas and needs plain SGD with window 1.
+SETTINGS = {
+    "modelaveraging": (8, ("adam", 3e-3), 8),
+    "easgd": (8, ("adam", 3e-3), 8),
+    "downpour": (5, ("adam", 1e-3), 6),
+    "dynsgd": (5, ("adam", 2e-3), 6),
+    "agn": (2, ("adam", 5e-3), 8),
+    "adag": (2, ("adam", 5e-3), 8),
+    "aeasgd": (8, ("adam", 3e-3), 8),
+    "eamsgd": (8, ("nesterov", 0.05), 8),
+    "dcasgd": ("batch", ("sgd", 0.1), 8),
+}
+
+
+def _compile(model, local):
+    import keras
+
+    kind, lr = local
+    if kind == "adam":
+        opt = keras.optimizers.Adam(lr)
+    elif kind == "nesterov":
+        opt = keras.optimizers.SGD(lr, momentum=0.9, nesterov=True)
+    else:
+        opt = keras.optimizers.SGD(lr)
+    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_every_registered_optimizer_has_settings():
+    assert set(O.registered_names()) == set(SETTINGS)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_optimizer_trains_digits(spark, digits, name):
+    x_train, x_test, y_train, y_test = digits
+    frequency, local, epochs = SETTINGS[name]
+    optimizer = O.get(name, learning_rate=local[1]) if name == "dcasgd" else O.get(name)
+    mode = "synchronous" if "synchronous" in optimizer.modes else "asynchronous"
+    sm = SparkModel(_compile(digits_model(), local), mode=mode, frequency=frequency, optimizer=optimizer,
+                    num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=epochs, batch_size=32, verbose=0)
+    acc = accuracy(sm.model, x_test, y_test)
+    print(f"{name}: test accuracy {acc:.3f} after {epochs} epochs, {sm.last_metrics['commits_applied']} commits")
+    assert acc >= 0.90, f"{name}: test accuracy {acc:.3f}"
+    if mode == "asynchronous":
+        assert history.history["staleness"][-1] >= 0
