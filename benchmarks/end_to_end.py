@@ -83,7 +83,8 @@ def main() -> None:
     x_train, y_train, x_test, y_test = x[:args.samples], y[:args.samples], x[args.samples:], y[args.samples:]
     spark = (SparkSession.builder.master(f"local[{args.workers}]").appName("elephant-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.python.daemon.module", "elephant.daemon").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
     # Warm-up: start the Python workers and import TensorFlow there once (reported separately).

@@ -167,7 +167,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
     center = sm.model.get_weights()
-    store = Store(center, sm.optimizer, sm.mode, num_workers, run)
+    store = Store(center, sm.optimizer, sm.mode, num_workers, run, round_timeout=sm.read_timeout)
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
@@ -191,7 +191,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 spec = TaskSpec(
                     run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint(model_bytes),
                     optimizer=sm.optimizer, window=sm.window, batch_size=batch_size, mode=sm.mode,
-                    ps_url=server.url, token=token, read_timeout=sm.read_timeout,
+                    ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
                     fault=os.environ.get("ELEPHANT_FAULT") or None,
                 )

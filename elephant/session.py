@@ -18,7 +18,8 @@ def get_or_create():
 
     The embedded session runs ``local[*]`` on loopback with the UI off, and its
     Python workers run this interpreter (``PYSPARK_PYTHON`` is set to
-    ``sys.executable`` when unset).
+    ``sys.executable`` when unset). Its worker daemon is :mod:`elephant.daemon`,
+    which imports TensorFlow once before forking workers.
     """
     from pyspark.sql import SparkSession
 
@@ -36,6 +37,7 @@ def get_or_create():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.daemon.module", "elephant.daemon")
         .getOrCreate()
     )
 

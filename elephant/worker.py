@@ -120,7 +120,7 @@ class _Window:
         self.steps_in_window = 0
         self.samples_in_window = 0
         self.comm_seconds = 0.0
-        reply = client.pull(partition)
+        reply = client.pull(partition, epoch=spec.epoch)
         self.pulled = reply.center
         self.base_clock = reply.clock
         model.set_weights(reply.center)

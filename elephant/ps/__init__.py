@@ -8,12 +8,13 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.server` -- thread-hosted WSGI server with a bounded pool;
 * :mod:`elephant.ps.client` -- ``requests`` client with timeouts and safe retries,
   and an in-process client with the same methods.
+
+Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """
 
-from elephant.ps.client import InProcessClient, PSClient
-from elephant.ps.server import PSServer
-from elephant.ps.app import create_app
-from elephant.ps.store import CommitKey, RoundTimeoutError, StaleAttemptError, Store, StoreClosedError
+from __future__ import annotations
+
+import importlib
 
 __all__ = [
     "CommitKey",
@@ -26,3 +27,27 @@ __all__ = [
     "StoreClosedError",
     "create_app",
 ]
+
+_LAZY = {
+    "CommitKey": "elephant.ps.wire",
+    "InProcessClient": "elephant.ps.client",
+    "PSClient": "elephant.ps.client",
+    "PSServer": "elephant.ps.server",
+    "RoundTimeoutError": "elephant.ps.store",
+    "StaleAttemptError": "elephant.ps.store",
+    "Store": "elephant.ps.store",
+    "StoreClosedError": "elephant.ps.store",
+    "create_app": "elephant.ps.app",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'elephant.ps' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

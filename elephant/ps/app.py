@@ -34,12 +34,14 @@ from elephant.ps.store import RoundTimeoutError, StaleAttemptError, Store, Store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["create_app", "DEFAULT_MAX_BODY_BYTES", "EXTENSION"]
+__all__ = ["create_app", "DEFAULT_MAX_BODY_BYTES", "EXTENSION", "BUFFERS_OK"]
 
 #: Default request-body limit: 1 GiB.
 DEFAULT_MAX_BODY_BYTES = 1 << 30
 #: Key of the app's entry in ``app.extensions`` (the server reads token and store there).
 EXTENSION = "elephant_ps"
+#: WSGI environ key set by a server that accepts memoryviews in the response iterable.
+BUFFERS_OK = "elephant.buffers_ok"
 
 _BINARY = "application/octet-stream"
 
@@ -55,7 +57,9 @@ def _error(status: int, exc: BaseException | str, kind: str | None = None) -> Re
 
 def _binary(store: Store, encoded: wire.Encoded, received: int) -> Response:
     store.count_bytes(received, encoded.nbytes)
-    response = Response(encoded, mimetype=_BINARY)
+    # PEP 3333 wants bytes; PSServer's handler takes the buffers as they are (no join).
+    body = encoded if request.environ.get(BUFFERS_OK) else [encoded.tobytes()]
+    response = Response(body, mimetype=_BINARY)
     response.headers["Content-Length"] = str(encoded.nbytes)
     return response
 

@@ -6,8 +6,9 @@ two changes measured to matter (docs/parameter_server.md):
 * a **bounded thread pool** (werkzeug's threaded server spawns one thread per
   connection without limit); connections beyond the pool wait in the queue;
 * a **keep-alive request handler** that writes response buffers with
-  ``sendall`` as they are (werkzeug's handler closes every connection, copies
-  each chunk into ``bytes`` and lingers 10 ms after each response).
+  ``sendall`` as they are (werkzeug's handler closes every connection, accepts
+  only ``bytes`` chunks, so the center would be joined into one copy, and
+  lingers up to 10 ms after each response).
 
 Lifecycle: port 0 binds a free port (``.port``, ``.url``); :meth:`~PSServer.start`
 returns once an authenticated ``/health`` answers (polled, never a fixed
@@ -30,7 +31,7 @@ from flask import Flask
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
 
 from elephant.errors import ConfigError, PSError
-from elephant.ps.app import EXTENSION
+from elephant.ps.app import BUFFERS_OK, EXTENSION
 
 logger = logging.getLogger(__name__)
 
@@ -91,42 +92,35 @@ class _Handler(WSGIRequestHandler):
         environ = self.make_environ()
         body = _Input(environ["wsgi.input"])
         environ["wsgi.input"] = body
-        state: dict[str, Any] = {"status": None, "headers": None, "sent": False, "length": None}
-
-        def write(data: Any) -> None:
-            if not state["sent"]:
-                state["sent"] = True
-                lines = [f"HTTP/1.1 {state['status']}"]
-                for name, value in state["headers"]:
-                    lines.append(f"{name}: {value}")
-                    lowered = name.lower()
-                    if lowered == "content-length":
-                        state["length"] = int(value)
-                    elif lowered == "connection" and value.lower() == "close":
-                        self.close_connection = True
-                if state["length"] is None:
-                    self.close_connection = True  # body delimited by closing the connection
-                    lines.append("Connection: close")
-                head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-                self.wfile.write(head)
-            if data:
-                self.wfile.write(data)
+        environ[BUFFERS_OK] = True
+        response: dict[str, Any] = {}
+        chunks: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None):
-            if exc_info and state["sent"]:
+            if exc_info and response.get("sent"):
                 raise exc_info[1].with_traceback(exc_info[2])
-            state["status"], state["headers"] = status, headers
-            return write
+            response.update(status=status, headers=headers)
+            return chunks.append  # the legacy write() callable
 
-        chunks = self.server.app(environ, start_response)
+        result = self.server.app(environ, start_response)
         try:
-            for chunk in chunks:
-                write(chunk)
-            if not state["sent"]:
-                write(b"")
+            chunks.extend(chunk for chunk in result if len(chunk))
         finally:
-            if hasattr(chunks, "close"):
-                chunks.close()
+            if hasattr(result, "close"):
+                result.close()
+        lines = [f"HTTP/1.1 {response['status']}"]
+        names = set()
+        for name, value in response["headers"]:
+            lines.append(f"{name}: {value}")
+            names.add(name.lower())
+            if name.lower() == "connection" and value.lower() == "close":
+                self.close_connection = True
+        if "content-length" not in names:
+            lines.append(f"Content-Length: {sum(memoryview(c).nbytes for c in chunks)}")
+        response["sent"] = True
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        for chunk in chunks:  # memoryviews of the center arrays go to sendall as they are
+            self.wfile.write(chunk)
         length = environ.get("CONTENT_LENGTH")
         if environ.get("wsgi.input_terminated") or (length and body.consumed != int(length)):
             self.close_connection = True  # unread or chunked body: the stream position is unknown

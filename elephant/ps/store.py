@@ -152,6 +152,7 @@ class Store:
         self._clock = 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._bytes_lock = threading.Lock()
         self._epochs: dict[int, _Epoch] = {}
         self._latest_epoch: int | None = None
         self._ledger: list[tuple[CommitKey, int]] = []
@@ -181,7 +182,7 @@ class Store:
 
     def metrics(self) -> dict[str, Any]:
         """Counters, the staleness histogram ``{tau: count}`` with its mean and max, and more."""
-        with self._lock:
+        with self._lock, self._bytes_lock:
             hist = dict(sorted(self._staleness.items()))
             total = sum(hist.values())
             out: dict[str, Any] = {name: self._counts[name] for name in _COUNTERS}
@@ -192,7 +193,7 @@ class Store:
 
     def count_bytes(self, received: int, sent: int) -> None:
         """Add request and response body sizes to the metrics (called by the app)."""
-        with self._lock:
+        with self._bytes_lock:  # not the store lock: an apply may hold that for a while
             self._counts["bytes_in"] += received
             self._counts["bytes_out"] += sent
 
@@ -390,7 +391,7 @@ class Store:
             ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
             if (key.partition, key.step) in ep.applied:
                 self._replay(what)
-                return self._admitted_reply(ep, key, what, None)
+                return self._admitted_reply(ep, key, what, None, pulled=True)
             self._check_base_clock(commit, what)
             ep.applied.add((key.partition, key.step))  # claimed: a concurrent replay is dropped
             snapshot = (self._state, self._center, self._clock)
@@ -419,8 +420,13 @@ class Store:
             self._cond.notify_all()
             return self._admitted_reply(ep, key, what, tensors)
 
-    def _admitted_reply(self, ep: _Epoch, key: CommitKey, what: str, tensors: Any) -> Reply:
-        self._admit(ep, key.epoch, key.partition, what)  # the reply doubles as the next pull
+    def _admitted_reply(self, ep: _Epoch, key: CommitKey, what: str, tensors: Any, pulled: bool = False) -> Reply:
+        """The reply doubles as the next pull: wait for SSP admission; if the wait (or a
+        replay) hands out a center other than the rule's own result, tell the rule it was pulled."""
+        clock = self._clock
+        self._admit(ep, key.epoch, key.partition, what)
+        if pulled or self._clock != clock:
+            self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
         return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
 
     def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str) -> Reply:
@@ -429,6 +435,7 @@ class Store:
             ep = self._fence(key.run, key.epoch, p, attempt, what)
             if (p, key.step) in ep.applied:
                 self._replay(what)
+                self._state = self._optimizer.on_pull(self._state, self._center, self._clock, p)
                 return Reply(clock=self._clock, center=list(self._center))
             self._check_base_clock(commit, what)
             rnd = ep.rounds.setdefault(key.step, _Round(key.step))

@@ -96,8 +96,7 @@ class Encoded:
     __slots__ = ("buffers", "nbytes")
 
     def __init__(self, buffers: list[Any], nbytes: int):
-        self.buffers = buffers
-        self.nbytes = nbytes
+        self.buffers, self.nbytes = buffers, nbytes
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.buffers)
@@ -129,13 +128,10 @@ def _as_wire_array(index: int, a: Any) -> np.ndarray:
     a = np.asarray(a)
     code = _CODES.get((a.dtype.kind, a.dtype.itemsize))
     if code is None:
-        raise ProtocolError(
-            f"tensor {index}: dtype {a.dtype} cannot be sent; expected one of "
-            f"{sorted(str(d) for d in _DTYPES.values())}"
-        )
-    wire_dtype = _DTYPES[code]
-    if a.dtype != wire_dtype:  # big-endian input
-        a = a.astype(wire_dtype)
+        supported = sorted(str(d) for d in _DTYPES.values())
+        raise ProtocolError(f"tensor {index}: dtype {a.dtype} cannot be sent; expected one of {supported}")
+    if a.dtype != _DTYPES[code]:  # big-endian input
+        a = a.astype(_DTYPES[code])
     return a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
 
 
@@ -265,7 +261,7 @@ def decode(
     if hlen > MAX_HEADER_BYTES:
         raise ProtocolError(f"header length {hlen} exceeds the limit of {MAX_HEADER_BYTES} bytes")
     if hlen > size - 8:
-        raise ProtocolError(f"header length {hlen} exceeds the {size - 8} bytes after the prefix (truncated message?)")
+        raise ProtocolError(f"header length {hlen} exceeds the {size - 8} bytes after the prefix (truncated?)")
     try:
         header = json.loads(bytes(mv[8 : 8 + hlen]))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -291,19 +287,17 @@ def decode(
     position = 0
     for dtype, shape, begin, end in sorted(parsed, key=lambda p: (p[2], p[3])):
         if begin != position:
-            raise ProtocolError(
-                f"data_offsets are not contiguous: a tensor starts at byte {begin}, expected {position}"
-            )
+            raise ProtocolError(f"data_offsets are not contiguous: a tensor starts at byte {begin}, expected {position}")
         position = end
     if position > data_len:
         raise ProtocolError(f"data_offsets reach byte {position} but the message holds {data_len} data bytes (truncated?)")
     if position < data_len:
         raise ProtocolError(f"message has {data_len - position} trailing bytes after the last tensor")
 
-    tensors = []
-    for i, (dtype, shape, begin, end) in enumerate(parsed):
-        a = np.frombuffer(mv, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin)
-        tensors.append(a.reshape(shape))
+    tensors = [
+        np.frombuffer(mv, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin).reshape(shape)
+        for dtype, shape, begin, end in parsed
+    ]
     if template is not None:
         for i, (t, a) in enumerate(zip(template, tensors)):
             if tuple(t.shape) != a.shape:
@@ -364,10 +358,8 @@ def decode_commit(
         raise ProtocolError(f"commit header field 'run' must be a str; received {meta.get('run')!r}")
     ints = {f: _meta_int(meta, f, "commit") for f in _COMMIT_INTS}
     key = CommitKey(meta["run"], ints["epoch"], ints["partition"], ints["step"])
-    commit = Commit(
-        tensors=tensors, num_steps=ints["num_steps"], num_samples=ints["num_samples"], base_clock=ints["base_clock"]
-    )
-    return key, ints["attempt"], commit
+    counts = {f: ints[f] for f in ("num_steps", "num_samples", "base_clock")}
+    return key, ints["attempt"], Commit(tensors=tensors, **counts)
 
 
 def encode_reply(reply: Reply) -> Encoded:

@@ -33,6 +33,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.daemon.module", "elephant.daemon")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -6,6 +6,7 @@ import io
 import pickle
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -252,3 +253,51 @@ def test_in_process_and_http_clients_agree_on_a_synchronous_round():
         reply = client.commit(CommitKey(RUN, 0, 0, 0), 1, commit(3.0))
         results.append((reply.clock, reply.center[0].tobytes()))
     assert results[0] == results[1]
+
+
+def test_an_oversized_commit_over_http_is_a_clear_413():
+    store = Store([np.zeros(300_000, dtype=np.float32)], Downpour(), "asynchronous", 1, RUN)
+    app = create_app(store, TOKEN, max_body_bytes=100_000)
+    with PSServer(app) as server, PSClient(server.url, TOKEN, backoff=0.0) as client:
+        with pytest.raises(PSError, match=r"HTTP 413: request body of 1200\d+ bytes exceeds the limit of 100000 bytes"):
+            client.commit(CommitKey(RUN, 0, 0, 0), 1, Commit([np.ones(300_000, np.float32)], 1, 1, 0))
+        assert client.health()["clock"] == 0  # the server and the client's connection pool still work
+
+
+def test_a_synchronous_round_over_http_with_three_clients():
+    store = Store(TEMPLATE, ModelAveraging(), "synchronous", 3, RUN, round_timeout=10)
+    with PSServer(create_app(store, TOKEN)) as server:
+
+        def worker(p):
+            with PSClient(server.url, TOKEN) as client:
+                base = client.pull(p, epoch=0).clock
+                reply = client.commit(CommitKey(RUN, 0, p, 0), 10 + p, commit(float(p + 1), base_clock=base))
+                client.finish(RUN, 0, p, 10 + p)
+                return reply
+
+        with ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(worker, range(3)))
+    assert [r.clock for r in replies] == [1, 1, 1]
+    for reply in replies:  # equal sample counts: the mean of 1, 2 and 3
+        np.testing.assert_array_equal(reply.center[0], np.full(3, 2.0, dtype=np.float32))
+    assert store.metrics()["rounds_applied"] == 1
+
+
+def test_the_client_side_imports_neither_flask_nor_spark_nor_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys; from elephant.ps import PSClient, CommitKey, InProcessClient; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'pyspark', 'tensorflow', 'keras')); "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_public_names_of_the_package():
+    import elephant.ps as ps
+
+    assert sorted(ps.__all__) == sorted(dir(ps))
+    assert all(getattr(ps, name) is not None for name in ps.__all__)
+    with pytest.raises(AttributeError, match="module 'elephant.ps' has no attribute 'nothing'"):
+        ps.nothing  # noqa: B018

@@ -112,14 +112,16 @@ def test_keep_alive_serves_many_requests_on_one_connection():
     with PSServer(app) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
         try:
+            sockets = []
             for step in range(3):
                 body = wire.encode_commit(CommitKey(RUN, 0, 0, step), 1, Commit([np.ones(4, np.float32)], 1, 1, step))
                 conn.request("POST", "/commit", body=body.tobytes(), headers=AUTH)
                 response = conn.getresponse()
                 reply = wire.decode_reply(response.read())
                 assert response.status == 200 and response.getheader("Connection") is None
-                first_sock = conn.sock if step == 0 else first_sock
-                assert conn.sock is first_sock  # not reconnected
+                sockets.append(conn.sock)
+            assert sockets[0] is sockets[1] is sockets[2]  # one connection, never reconnected
+            assert server.connections_accepted == 2  # the readiness probe's and this one
             assert reply.clock == 3
             conn.request("POST", "/commit", body=b"x" * 10, headers=AUTH)
             response = conn.getresponse()
@@ -197,3 +199,20 @@ def test_stop_does_not_wait_for_idle_keep_alive_connections():
         assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     finally:
         conn.close()
+
+
+def test_app_yields_bytes_under_a_plain_wsgi_server():
+    from werkzeug.serving import make_server
+
+    store, app = make_app()
+    plain = make_server("127.0.0.1", 0, app)  # werkzeug's own handler asserts PEP 3333 bytes
+    thread = threading.Thread(target=plain.serve_forever, name="elephant-ps-test-plain", daemon=True)
+    thread.start()
+    try:
+        status, body = get(plain.port, "/weights?worker=0")
+        assert status == 200
+        np.testing.assert_array_equal(wire.decode_reply(body).center[0], np.zeros(4, dtype=np.float32))
+    finally:
+        plain.shutdown()
+        thread.join()
+        plain.server_close()

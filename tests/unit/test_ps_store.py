@@ -411,3 +411,28 @@ def test_waiting_counter_drops_back_to_zero_after_a_timeout():
         store.pull(0, epoch=0)
     assert store.metrics()["waiting"] == 0
     assert store.pull(1, epoch=0).clock == 1  # the slow worker is admitted at once
+
+
+class _PullLog(Downpour):
+    """Downpour that records every on_pull call it gets from the store."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.log = []
+
+    def on_pull(self, state, center, clock, worker):
+        self.log.append((worker, clock, float(center[0][0])))
+        return state
+
+
+def test_a_reply_refreshed_by_ssp_or_a_replay_counts_as_a_pull_for_the_rule():
+    opt = _PullLog(staleness_bound=0)
+    store = async_store(optimizer=opt)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(store.commit, key(0, 0), 1, delta(1.0))  # (1, 0) with s = 0: held back
+        wait_until(lambda: store.metrics()["waiting"] == 1)
+        store.commit(key(1, 0), 1, delta(10.0))  # (1, 1): worker 1's own result goes out as is
+        assert held.result(timeout=5).clock == 2
+    assert opt.log == [(0, 2, 11.0)]  # worker 0 was handed the center after both commits
+    store.commit(key(1, 0), 1, delta(10.0))  # a replay answers with the current center
+    assert opt.log[-1] == (1, 2, 11.0)

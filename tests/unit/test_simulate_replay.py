@@ -128,11 +128,6 @@ def test_asynchronous_store_with_a_staleness_bound_equals_replay():
     assert Counter(trace.staleness) == Counter(store.metrics()["staleness"])
 
 
-@pytest.mark.xfail(
-    reason="Store refreshes a reply held back by SSP admission without calling optimizer.on_pull, so ADAG's "
-    "stale copy / DC-ASGD's backup stay at the pre-wait center the worker never trained from",
-    strict=False,
-)
 @pytest.mark.parametrize("name", ["adag", "dcasgd"])
 def test_stateful_rules_with_a_staleness_bound_equal_replay(name):
     opt = get(name, window=1, staleness_bound=1, **KWARGS[name])

@@ -23,9 +23,9 @@ class RecordingClient:
         self.pulls = 0
         self.finished = []
 
-    def pull(self, worker_index):
+    def pull(self, worker_index, epoch=None):
         self.pulls += 1
-        return self.store.pull(worker_index)
+        return self.store.pull(worker_index, epoch=epoch)
 
     def commit(self, key, attempt, commit):
         self.commits.append((key, commit.num_steps, commit.num_samples))
