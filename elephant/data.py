@@ -119,6 +119,9 @@ def check_features(model, x: Any, name: str = "x") -> None:
     expected = model_input_shapes(model)
     if expected is None:
         return
+    names = [getattr(t, "name", None) for t in model.inputs]
+    if isinstance(x, Mapping) and all(n in x for n in names):
+        x = [x[n] for n in names]  # dict inputs are matched by input name
     leaves = _leaves(x)
     if len(leaves) != len(expected):
         raise DataError(f"the model has {len(expected)} inputs but `{name}` provides {len(leaves)} arrays")

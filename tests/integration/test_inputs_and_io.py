@@ -93,3 +93,27 @@ def test_save_load_round_trip(spark, digits, tmp_path):
     assert (sm2.mode, sm2.frequency, sm2.num_workers) == ("asynchronous", 4, 2)
     assert sm2.optimizer == sm.optimizer and sm2.optimizer.window == 9
     np.testing.assert_array_equal(sm2.predict(x_test), sm.predict(x_test))
+
+
+def test_multi_input_dict_and_multi_output_model(spark):
+    import keras
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(600, 5)).astype("float32")
+    b = rng.normal(size=(600, 3)).astype("float32")
+    label = (a[:, 0] + b[:, 0] > 0).astype("int64")
+    target = (a.sum(axis=1) - b.sum(axis=1)).astype("float32")[:, None]
+    keras.utils.set_random_seed(0)
+    in_a, in_b = keras.Input((5,), name="a"), keras.Input((3,), name="b")
+    h = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([in_a, in_b]))
+    cls = keras.layers.Dense(2, activation="softmax", name="cls")(h)
+    reg = keras.layers.Dense(1, name="reg")(h)
+    model = keras.Model({"a": in_a, "b": in_b}, {"cls": cls, "reg": reg})
+    model.compile(keras.optimizers.Adam(1e-2), loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+    sm = SparkModel(model, mode="synchronous", frequency="epoch", num_workers=2, spark=spark)
+    # keys in another order than the model's inputs: matched by name
+    history = sm.fit({"b": b, "a": a}, {"cls": label, "reg": target}, epochs=6, batch_size=32, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+    out = sm.predict({"a": a[:50], "b": b[:50]})
+    assert out["cls"].shape == (50, 2) and out["reg"].shape == (50, 1)
+    np.testing.assert_allclose(out["reg"], sm.model.predict({"a": a[:50], "b": b[:50]}, verbose=0)["reg"], rtol=1e-5, atol=1e-6)
