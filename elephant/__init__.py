@@ -17,6 +17,8 @@ __all__ = [
     "SparkModel",
     "load",
     "optimizers",
+    "search",
+    "ensemble",
     "ElephantError",
     "ConfigError",
     "DataError",
@@ -29,10 +31,12 @@ _LAZY = {
     "SparkModel": ("elephant.spark_model", "SparkModel"),
     "load": ("elephant.spark_model", "load"),
     "optimizers": ("elephant.optimizers", None),
+    "search": ("elephant.search", None),
+    "ensemble": ("elephant.ensemble", None),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from elephant import optimizers
+    from elephant import ensemble, optimizers, search
     from elephant.spark_model import SparkModel, load
 
 

@@ -10,6 +10,7 @@ fit and cached.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "check_features",
     "stack_records",
     "records_are_blocks",
+    "partition_to_blocks",
     "dataframe_blocks",
     "concat_blocks",
 ]
@@ -185,6 +187,25 @@ def _concat(parts: Sequence[Any]) -> Any:
     if isinstance(first, (list, tuple)):
         return [np.concatenate([np.asarray(p[i]) for p in parts]) for i in range(len(first))]
     return np.concatenate([np.asarray(p) for p in parts])
+
+
+def partition_to_blocks(expected_shapes: list[tuple] | None):
+    """A ``mapPartitions`` function turning records or blocks into one block.
+
+    The format is read from each partition's first element, inside the task:
+    a ``first()`` job on the driver would leave a Python worker half-read, and
+    Spark would start (and the worker rebuild its model in) a fresh one.
+    """
+
+    def convert(items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+        it = iter(items)
+        first = next(it, None)
+        if first is None:
+            return iter(())
+        items = itertools.chain([first], it)
+        return concat_blocks(items) if records_are_blocks(first, expected_shapes) else stack_records(items)
+
+    return convert
 
 
 def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | None):

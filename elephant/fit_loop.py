@@ -15,7 +15,7 @@ from elephant import data as D
 from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
-from elephant.model_io import fingerprint, model_to_bytes
+from elephant.model_io import model_fingerprint, model_to_bytes
 from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,7 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
             num_workers = sm.num_workers or x.getNumPartitions()
             if x.getNumPartitions() != num_workers:
                 x = x.repartition(num_workers)
-            first = x.first() if not x.isEmpty() else None
-            if first is None:
-                raise DataError("`x` is an empty RDD; elephant needs at least one sample to train")
-            as_blocks = D.records_are_blocks(first, D.model_input_shapes(model))
-            rdd = x.mapPartitions(D.concat_blocks if as_blocks else D.stack_records)
+            rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
         else:
             num_workers = sm.num_workers or max(1, sc.defaultParallelism)
             df = x if x.rdd.getNumPartitions() == num_workers else x.repartition(num_workers)
@@ -171,6 +167,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
+    fingerprint = model_fingerprint(sm.model)
     broadcast = sc.broadcast(model_bytes)
     sm.job_group = f"elephant-{run}"
     sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)
@@ -189,7 +186,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 cbks.on_epoch_begin(epoch)
                 t0 = time.perf_counter()
                 spec = TaskSpec(
-                    run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint(model_bytes),
+                    run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
                     optimizer=sm.optimizer, window=sm.window, batch_size=batch_size, mode=sm.mode,
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
@@ -216,6 +213,12 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         cbks.on_train_end()
         sm.last_metrics = store.metrics()
         sm.last_ledger = store.ledger()
+    except BaseException:
+        # An interrupted or failed fit must not leave tasks training against a dead server.
+        sc.cancelJobGroup(sm.job_group)
+        sm.last_metrics = store.metrics()
+        sm.last_ledger = store.ledger()
+        raise
     finally:
         server.stop()
         sc.setLocalProperty("spark.jobGroup.id", None)

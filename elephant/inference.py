@@ -9,7 +9,7 @@ import numpy as np
 
 from elephant import data as D
 from elephant.errors import DataError
-from elephant.model_io import fingerprint, model_to_bytes
+from elephant.model_io import model_fingerprint, model_to_bytes
 
 __all__ = ["predict", "evaluate", "ModelShipment"]
 
@@ -18,9 +18,8 @@ class ModelShipment:
     """A model's archive broadcast to executors, rebuilt at most once per Python worker."""
 
     def __init__(self, sc, model, custom_objects=None):
-        data = model_to_bytes(model)
-        self.fingerprint = fingerprint(data)
-        self.broadcast = sc.broadcast(data)
+        self.fingerprint = model_fingerprint(model)
+        self.broadcast = sc.broadcast(model_to_bytes(model))
         self.custom_objects = custom_objects or None
 
     def spec(self) -> tuple:
@@ -83,12 +82,7 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
 
 
 def _predict_rdd(rdd, spec, batch_size, expected_shapes):
-    first = rdd.first()
-    if isinstance(first, tuple) and len(first) == 2:
-        as_blocks = D.records_are_blocks(first, expected_shapes)
-        features_only = False
-    else:  # bare feature records (no labels)
-        as_blocks, features_only = False, True
+    """Predictions for an RDD of records, bare feature vectors or blocks, partition by partition."""
 
     def task(items):
         from elephant.worker import predict_block
@@ -96,11 +90,13 @@ def _predict_rdd(rdd, spec, batch_size, expected_shapes):
         items = list(items)
         if not items:
             return iter(())
-        m = _model(spec)
-        if as_blocks:
+        first = items[0]
+        labelled = isinstance(first, tuple) and len(first) == 2
+        if labelled and D.records_are_blocks(first, expected_shapes):
+            m = _model(spec)
             return iter([predict_block(m, b[0], batch_size) for b in items])
-        feats = np.asarray([it if features_only else it[0] for it in items], dtype=np.float32)
-        return iter(list(predict_block(m, feats, batch_size)))
+        feats = np.asarray([it[0] if labelled else it for it in items], dtype=np.float32)
+        return iter(list(predict_block(_model(spec), feats, batch_size)))
 
     return rdd.mapPartitions(task)
 
@@ -145,9 +141,7 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
     if D.is_dataframe(x):
         rdd = D.dataframe_blocks(x, features_col, label_col)
     elif D.is_rdd(x):
-        first = x.first()
-        as_blocks = D.records_are_blocks(first, D.model_input_shapes(model))
-        rdd = x.mapPartitions(D.concat_blocks if as_blocks else D.stack_records)
+        rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
     else:
         n = D.check_xy(x, y)
         if y is None:

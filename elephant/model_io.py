@@ -22,7 +22,7 @@ from elephant.errors import ConfigError
 
 SETTINGS_MEMBER = "elephant.json"
 
-__all__ = ["model_to_bytes", "model_from_bytes", "fingerprint", "save_with_settings", "load_with_settings"]
+__all__ = ["model_to_bytes", "model_from_bytes", "fingerprint", "model_fingerprint", "save_with_settings", "load_with_settings"]
 
 
 def model_to_bytes(model) -> bytes:
@@ -53,7 +53,25 @@ def _load(keras, path: str, custom_objects):
 
 
 def fingerprint(data: bytes) -> str:
+    """A short content hash of some bytes."""
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def model_fingerprint(model) -> str:
+    """A content hash of architecture, compile settings and weights.
+
+    Not the ``.keras`` archive's hash: an archive embeds its save time, so the
+    same model would never hit the executors' model cache twice.
+    """
+    import numpy as np
+
+    digest = hashlib.sha256(model.to_json().encode())
+    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else None
+    digest.update(json.dumps(compile_config, default=str, sort_keys=True).encode())
+    for w in model.get_weights():
+        digest.update(str((w.shape, w.dtype)).encode())
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def save_with_settings(model, path: str | os.PathLike, settings: Mapping[str, Any]) -> None:

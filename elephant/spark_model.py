@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import secrets
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +12,7 @@ from elephant import data as D
 from elephant import optimizers as O
 from elephant import session
 from elephant.errors import ConfigError, DataError
-from elephant.model_io import fingerprint, load_with_settings, model_to_bytes, save_with_settings
+from elephant.model_io import load_with_settings, save_with_settings
 
 log = logging.getLogger(__name__)
 
