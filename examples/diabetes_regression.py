@@ -27,13 +27,13 @@ def main() -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((x.shape[1],)),
-        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(8, activation="relu"),
         keras.layers.Dense(1),
     ])
     model.compile(keras.optimizers.Adam(3e-3), loss="mse", metrics=["mae"])
 
     sm = SparkModel(model, mode="synchronous", frequency="epoch", num_workers=2)
-    history = sm.fit(x_train, y_train_n, epochs=60, batch_size=16, validation_split=0.1, verbose=0)
+    history = sm.fit(x_train, y_train_n, epochs=40, batch_size=16, validation_split=0.1, verbose=0)
     pred = sm.predict(x_test)[:, 0] * y_std + y_mean
     r2 = 1.0 - np.sum((y_test - pred) ** 2) / np.sum((y_test - y_test.mean()) ** 2)
     mean_pred_mse = np.mean((y_test - y_mean) ** 2)

@@ -19,7 +19,7 @@ SETTINGS = {
     "adag": (2, ("adam", 5e-3), 8),
     "aeasgd": (8, ("adam", 3e-3), 8),
     "eamsgd": (8, ("nesterov", 0.05), 8),
-    "dcasgd": ("batch", ("sgd", 0.1), 8),
+    "dcasgd": ("batch", ("sgd", 0.1), 12),
 }
 
 
