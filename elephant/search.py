@@ -10,10 +10,8 @@ own driver thread, Spark job group and parameter server (own port and token).
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
-import inspect
 import logging
 import math
 import threading
@@ -26,22 +24,21 @@ from typing import Any
 import numpy as np
 from hyperopt import hp
 
-from elephant import optimizers as O
-from elephant import session
+from elephant import search_space, session
 from elephant.errors import ConfigError, ElephantError
+from elephant.search_space import build_params, check_space, elephant_settings, route
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SearchResult", "Trial", "hp", "minimize", "run_search"]
 
-FIT_KEYS = ("epochs", "batch_size", "shuffle")
-ELEPHANT_KEYS = ("mode", "frequency", "num_workers", "optimizer")
-_FIT_ONLY = ("callbacks", "features_col", "label_col")  # fixed fit arguments (not searchable)
-_SM_ONLY = ("custom_objects", "read_timeout")  # fixed SparkModel arguments (not searchable)
-_OPT = "optimizer."
 _ALGOS = ("tpe", "rand", "anneal")
 _POLL_S = 0.2  # how often the driver checks deadlines and re-cancels late trials
 BUILD_LOCK = threading.Lock()  # build_fn and SparkModel construction run one thread at a time
+
+# Key routing and the space checks live in elephant.search_space; these stay importable from here.
+FIT_KEYS, ELEPHANT_KEYS, Routed, check_keys = (search_space.FIT_KEYS, search_space.ELEPHANT_KEYS,
+                                               search_space.Routed, search_space.check_keys)
 
 
 class FitJob:
@@ -105,94 +102,6 @@ def cancel_all(jobs, futures) -> None:
         for job in jobs:
             job.cancel()
         wait(futures, timeout=_POLL_S)
-
-
-Routed = collections.namedtuple("Routed", "build fit settings")  # a point's keys split by destination
-
-
-def build_params(build_fn: Callable) -> tuple[frozenset | None, frozenset]:
-    """``(accepted, required)`` keyword names of ``build_fn``; accepted is None with ``**kwargs``."""
-    params = list(inspect.signature(build_fn).parameters.values())
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    required = frozenset(p.name for p in named if p.default is p.empty)
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None, required
-    return frozenset(p.name for p in named), required
-
-
-def route(params: Mapping[str, Any], accepted: frozenset | None) -> Routed:
-    """Split ``params`` by key name (see :func:`minimize`); an unknown key raises ConfigError."""
-    build, fit, settings = {}, {}, {}
-    for key, value in params.items():
-        if key in FIT_KEYS or key in _FIT_ONLY:
-            fit[key] = value
-        elif key in ELEPHANT_KEYS or key in _SM_ONLY or key.startswith(_OPT):
-            settings[key] = value
-        elif accepted is None or key in accepted:
-            build[key] = value
-        else:
-            raise ConfigError(
-                f"unknown key {key!r}: not a parameter of build_fn {sorted(accepted)}, a fit argument "
-                f"{list(FIT_KEYS + _FIT_ONLY)} or an elephant setting {list(ELEPHANT_KEYS + _SM_ONLY)} or 'optimizer.<param>'"
-            )
-    return Routed(build, fit, settings)
-
-
-def elephant_settings(settings: Mapping[str, Any]) -> dict:
-    """SparkModel keyword arguments, validated; ``optimizer.<param>`` keys are passed to ``optimizers.get``."""
-    from elephant.spark_model import _check_frequency, _check_mode, _check_positive_int
-
-    out = {k: v for k, v in settings.items() if not k.startswith(_OPT)}
-    mode = _check_mode(out.get("mode", "asynchronous"))
-    _check_frequency(out.get("frequency"))
-    _check_positive_int("num_workers", out.get("num_workers"), allow_none=True)
-    ident = out.get("optimizer") or ("modelaveraging" if mode == "synchronous" else "downpour")
-    opt = out["optimizer"] = O.get(ident, **{k[len(_OPT):]: v for k, v in settings.items() if k.startswith(_OPT)})
-    if mode not in opt.modes:
-        raise ConfigError(f"optimizer {opt.name!r} supports mode(s) {list(opt.modes)}; received mode={mode!r}")
-    return out
-
-
-def check_keys(keys, fixed: Mapping[str, Any], accepted: frozenset | None) -> None:
-    """Reject space keys that are unknown, not searchable, or also given as keyword arguments."""
-    keys = set(keys)
-    for key in sorted(keys, key=str):
-        if not isinstance(key, str):
-            raise ConfigError(f"keys of the space must be strings; received {key!r}")
-        if key in fixed:
-            raise ConfigError(f"key {key!r} is both in the space and a keyword argument of minimize; give it once")
-        if key in _FIT_ONLY + _SM_ONLY:
-            raise ConfigError(f"{key!r} cannot be searched; pass {key}=... to minimize instead")
-    known = {p for n in O.registered_names() for p in inspect.signature(type(O.get(n)).__init__).parameters} - {"self"}
-    for key in sorted(keys | set(fixed)):
-        if key.startswith(_OPT) and key[len(_OPT):] not in known:
-            raise ConfigError(f"unknown key {key!r}: no distributed optimizer takes {key[len(_OPT):]!r}; "
-                              f"known parameters: {sorted(known)}")
-        route({key: None}, accepted)
-
-
-def check_space(space: Any, fixed: Mapping[str, Any], params: tuple, seed: int | None, draws: int = 20) -> int | None:
-    """Validate ``draws`` sampled points of ``space`` as trials would see them; the largest ``num_workers``."""
-    from hyperopt.pyll import stochastic
-
-    accepted, required = params
-    rng, largest = np.random.default_rng(seed), None
-    for _ in range(draws):
-        point = stochastic.sample(space, rng=rng)
-        if not isinstance(point, Mapping):
-            raise ConfigError("`space` must be a dict of names to hyperopt expressions (or sample to one); "
-                              f"received a space that samples to {type(point).__name__}")
-        check_keys(point, fixed, accepted)
-        routed = route({**fixed, **point}, accepted)
-        missing = sorted(required - set(routed.build))
-        if missing:
-            raise ConfigError(f"build_fn requires {missing} but neither the space nor the keyword arguments give it")
-        try:
-            settings = elephant_settings(routed.settings)
-        except ConfigError as exc:
-            raise ConfigError(f"the space yields invalid elephant settings {routed.settings}: {exc}") from None
-        largest = max(largest or 0, settings.get("num_workers") or 0) or None
-    return largest
 
 
 def plan_workers(slots: int, parallelism: int, requested: int | None = None) -> int:

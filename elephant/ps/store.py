@@ -17,7 +17,8 @@ is acknowledged with the current center and not applied again (first apply
 wins). Fencing: per ``(epoch, partition)`` the highest Spark
 ``taskAttemptId()`` seen wins; lower attempts get :class:`StaleAttemptError`.
 With an SSP ``staleness_bound`` a pull (and the reply to a commit, which
-doubles as the next pull) waits for admission (optimizers.md §10.2).
+doubles as the next pull) waits for admission (optimizers.md §10.2). Rounds
+and admission are :class:`elephant.ps.rounds.RoundsMixin`, a base of :class:`Store`.
 
 The center arrays are read-only snapshots that updates replace and never
 mutate, so replies hand them out without copying.
@@ -26,18 +27,18 @@ mutate, so replies hand them out without copying.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from elephant.errors import ConfigError, ElephantError, PSError, ProtocolError
 from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply
+from elephant.ps.rounds import RoundsMixin, _Epoch, ssp_admitted
 from elephant.ps.wire import CommitKey, all_finite
 
 logger = logging.getLogger(__name__)
@@ -62,45 +63,6 @@ class StoreClosedError(PSError):
     """The store was closed: the parameter server is stopping."""
 
 
-def ssp_admitted(commits: Sequence[int], finished: Set[int], partition: int, bound: int | None) -> bool:
-    """Stale Synchronous Parallel admission (optimizers.md §10.2).
-
-    ``partition`` may start its next window when it is at most ``bound``
-    commits ahead of the slowest partition that has not finished the epoch.
-    Finished partitions leave the minimum; ``bound=None`` always admits.
-
-    Args:
-        commits: commits applied this epoch, by partition.
-        finished: partitions that finished the epoch.
-        partition: the partition asking to start a window.
-        bound: the staleness bound ``s``, or None (unbounded).
-    """
-    if bound is None or partition in finished:
-        return True
-    return commits[partition] - min(c for p, c in enumerate(commits) if p not in finished) <= bound
-
-
-@dataclasses.dataclass
-class _Round:
-    step: int
-    pending: dict[int, tuple] = dataclasses.field(default_factory=dict)  # p -> (key, attempt, commit, token)
-    done: bool = False
-    error: str | None = None
-    clock: int = 0
-    center: list = dataclasses.field(default_factory=list)
-    replies: dict = dataclasses.field(default_factory=dict)
-    attempts: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class _Epoch:
-    commits: list[int]  # applied commits per partition (SSP clocks)
-    finished: set[int] = dataclasses.field(default_factory=set)
-    attempts: dict[int, int] = dataclasses.field(default_factory=dict)
-    applied: set[tuple[int, int]] = dataclasses.field(default_factory=set)
-    rounds: dict[int, _Round] = dataclasses.field(default_factory=dict)
-
-
 def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
     out = [np.asarray(a) for a in arrays]
     for a in out:
@@ -114,7 +76,7 @@ def _int_arg(name: str, value: Any) -> int:
     return int(value)
 
 
-class Store:
+class Store(RoundsMixin):
     """Center weights, clock and bookkeeping of one fit; thread-safe.
 
     Args:
@@ -224,11 +186,16 @@ class Store:
         ep = self._epoch(epoch)
         highest = ep.attempts.get(partition, -1)
         if attempt < highest:
-            self._counts["stale_attempts_fenced"] += 1
+            error = self._superseded(f"{what} was superseded by task attempt {highest} of the same partition")
             logger.warning("fenced %s: task attempt %d of the partition superseded it", what, highest)
-            raise StaleAttemptError(f"{what} was superseded by task attempt {highest} of the same partition")
+            raise error
         ep.attempts[partition] = attempt
         return ep
+
+    def _superseded(self, message: str) -> StaleAttemptError:
+        """Count a fenced request and return its error (lock held)."""
+        self._counts["stale_attempts_fenced"] += 1
+        return StaleAttemptError(message)
 
     def _validate(self, key: CommitKey, attempt: int, commit: Commit, check_finite: bool) -> str:
         """Lock-free structural checks (the center's structure never changes)."""
@@ -296,21 +263,6 @@ class Store:
                 self._cond.wait(remaining)
         finally:
             self._waiting -= 1
-
-    def _admit(self, ep: _Epoch, epoch: int, partition: int, what: str) -> None:
-        """Block (lock held) until SSP admits ``partition`` to start a window."""
-        bound = self._optimizer.staleness_bound
-        if self._mode == "synchronous" or bound is None:
-            return
-
-        def message() -> str:
-            active = {p: c for p, c in enumerate(ep.commits) if p not in ep.finished}
-            slowest = min(active, key=active.get)
-            return (f"{what} waited {self._round_timeout:g} s for admission under staleness_bound={bound}: "
-                    f"partition {partition} has {ep.commits[partition]} commits in epoch {epoch}, the slowest "
-                    f"active partition {slowest} has {active[slowest]}")
-
-        self._wait(lambda: ssp_admitted(ep.commits, ep.finished, partition, bound), message)
 
     def _replay(self, what: str) -> None:
         self._counts["replays_dropped"] += 1
@@ -419,68 +371,3 @@ class Store:
             self._record(ep, key, attempt, commit, clock)
             self._cond.notify_all()
             return self._admitted_reply(ep, key, what, tensors)
-
-    def _admitted_reply(self, ep: _Epoch, key: CommitKey, what: str, tensors: Any, pulled: bool = False) -> Reply:
-        """The reply doubles as the next pull: wait for SSP admission; if the wait (or a
-        replay) hands out a center other than the rule's own result, tell the rule it was pulled."""
-        clock = self._clock
-        self._admit(ep, key.epoch, key.partition, what)
-        if pulled or self._clock != clock:
-            self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
-        return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
-
-    def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str) -> Reply:
-        p, token = key.partition, object()
-        with self._cond:
-            ep = self._fence(key.run, key.epoch, p, attempt, what)
-            if (p, key.step) in ep.applied:
-                self._replay(what)
-                self._state = self._optimizer.on_pull(self._state, self._center, self._clock, p)
-                return Reply(clock=self._clock, center=list(self._center))
-            self._check_base_clock(commit, what)
-            rnd = ep.rounds.setdefault(key.step, _Round(key.step))
-            rnd.pending[p] = (key, attempt, commit, token)  # a same or newer attempt replaces a pending commit
-            self._close_round(ep, rnd)
-
-            def withdraw() -> str:  # on timeout: leave the round, so "failed" means "not applied"
-                if rnd.pending.get(p, (None,) * 4)[3] is token:
-                    del rnd.pending[p]
-                    if not rnd.pending:
-                        ep.rounds.pop(key.step, None)
-                missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
-                return (f"{what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
-                        f"committed: {sorted(rnd.pending)}, missing: {sorted(missing)}")
-
-            self._wait(lambda: rnd.done, withdraw)
-            if rnd.error is not None:
-                raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
-            if rnd.attempts[p] > attempt:
-                self._counts["stale_attempts_fenced"] += 1
-                raise StaleAttemptError(f"{what} was superseded by task attempt {rnd.attempts[p]} in its round")
-            return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(p))
-
-    def _close_round(self, ep: _Epoch, rnd: _Round) -> None:
-        """Apply ``rnd`` once every active partition has committed (lock held)."""
-        if rnd.done or not rnd.pending or not set(range(self._num_workers)) - ep.finished <= rnd.pending.keys():
-            return
-        entries = sorted(rnd.pending.items())
-        commits = {p: entry[2] for p, entry in entries}
-        clock, state, center = self._clock, self._state, self._center
-        ep.rounds.pop(rnd.step, None)
-        rnd.done = True
-        what = f"round (step {rnd.step}, partitions {sorted(commits)})"
-        try:
-            self._center, replies, self._state = self._checked(
-                what, lambda: self._optimizer.apply_round(state, center, clock, commits))
-        except Exception as exc:  # every waiter of the round reports it
-            logger.error("%s failed: %r", what, exc)
-            rnd.error = f"{type(exc).__name__}: {exc}"
-            self._cond.notify_all()
-            return
-        self._clock += 1
-        self._counts["rounds_applied"] += 1
-        for p, (key, attempt, commit, _) in entries:
-            self._record(ep, key, attempt, commit, clock)
-            rnd.attempts[p] = attempt
-        rnd.clock, rnd.center, rnd.replies = self._clock, self._center, dict(replies or {})
-        self._cond.notify_all()
