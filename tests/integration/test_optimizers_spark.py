@@ -13,13 +13,13 @@ from .conftest import accuracy, digits_model
 SETTINGS = {
     "modelaveraging": (8, ("adam", 3e-3), 8),
     "easgd": (8, ("adam", 3e-3), 8),
-    "downpour": (5, ("adam", 1e-3), 6),
+    "downpour": (5, ("adam", 1e-3), 10),
     "dynsgd": (5, ("adam", 2e-3), 6),
     "agn": (2, ("adam", 5e-3), 8),
     "adag": (2, ("adam", 5e-3), 8),
     "aeasgd": (8, ("adam", 3e-3), 8),
     "eamsgd": (8, ("nesterov", 0.05), 8),
-    "dcasgd": ("batch", ("sgd", 0.1), 12),
+    "dcasgd": ("batch", ("sgd", 0.2), 12),
 }
 
 
