@@ -18,8 +18,8 @@ SETTINGS = {
     "agn": (2, ("adam", 5e-3), 8),
     "adag": (2, ("adam", 5e-3), 8),
     "aeasgd": (8, ("adam", 3e-3), 8),
-    "eamsgd": (8, ("nesterov", 0.05), 8),
-    "dcasgd": ("batch", ("sgd", 0.2), 12),
+    "eamsgd": (8, ("nesterov", 0.05), 12),
+    "dcasgd": ("batch", ("sgd", 0.1), 16),
 }
 
 
