@@ -16,9 +16,9 @@ from .conftest import accuracy, digits_model
         ("synchronous", "epoch", None, 15),
         ("synchronous", "batch", None, 12),
         ("asynchronous", "epoch", "dynsgd", 12),
-        ("asynchronous", "batch", None, 6),
+        ("asynchronous", "batch", None, 10),
         ("hogwild", "epoch", "dynsgd", 12),
-        ("hogwild", "batch", None, 6),
+        ("hogwild", "batch", None, 10),
     ],
 )
 def test_digits_reaches_90_percent(spark, digits, mode, frequency, optimizer, epochs):
