@@ -9,7 +9,9 @@ from .conftest import accuracy, digits_model
 
 # name -> (frequency, local optimizer, epochs). Normalising rules (AGN, ADAG) commit one
 # *average* step per window, so they get a shorter window and a larger learning rate;
-# DC-ASGD derives gradients from deltas and needs plain SGD with window 1.
+# DC-ASGD recovers a gradient as -delta/learning_rate; with Adam that "gradient" is the
+# Adam step over η, so the compensation is approximate (exact only with plain SGD), but
+# it trains steadily, while plain SGD at window 1 varied between 0.88 and 0.97 across runs.
 SETTINGS = {
     "modelaveraging": (8, ("adam", 3e-3), 8),
     "easgd": (8, ("adam", 3e-3), 8),
@@ -19,7 +21,7 @@ SETTINGS = {
     "adag": (2, ("adam", 5e-3), 8),
     "aeasgd": (8, ("adam", 3e-3), 8),
     "eamsgd": (8, ("nesterov", 0.05), 12),
-    "dcasgd": ("batch", ("sgd", 0.1), 16),
+    "dcasgd": ("batch", ("adam", 2e-3), 8),
 }
 
 
