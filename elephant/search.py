@@ -259,15 +259,20 @@ def run_search(objective: Callable[[dict, FitJob], Mapping[str, Any]], space: An
 
     with ThreadPoolExecutor(parallelism, thread_name_prefix="elephant-trial") as pool, \
             tqdm(total=max_evals, desc="search", unit="trial", disable=verbose in (0, False, None)) as bar:
+        shown: tuple = ()
         try:
             while True:
                 while len(records) < max_evals and len(running) < parallelism and \
                         (stop_at is None or time.monotonic() < stop_at):
                     ask(time.monotonic())
                 best = SearchResult(records, metric, mode, 0.0).best_trial
-                bar.n = sum(t.status != "running" for t in records)
-                bar.set_postfix_str(f"running={len(running)} failed={sum(t.status in ('failed', 'timeout') for t in records)}"
-                                    f" best={'-' if best is None else f'{best.score:.4g}'}")
+                line = (f"running={len(running)} failed={sum(t.status in ('failed', 'timeout') for t in records)}"
+                        f" best={'-' if best is None else f'{best.score:.4g}'}")
+                finished = sum(t.status != "running" for t in records)
+                if (finished, line) != shown:  # redraw on change only
+                    shown = (finished, line)
+                    bar.n = finished
+                    bar.set_postfix_str(line)
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=_POLL_S, return_when=FIRST_COMPLETED)
