@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
-import safetensors.numpy as stnp
-from safetensors import safe_open
 
-from elephant.errors import ProtocolError
+stnp = pytest.importorskip("safetensors.numpy")
+safe_open = pytest.importorskip("safetensors").safe_open
+
+from elephant.errors import ProtocolError  # noqa: E402
 from elephant.optimizers.base import Commit, Reply
 from elephant.ps import wire
 from elephant.ps.wire import CommitKey
