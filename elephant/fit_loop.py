@@ -211,15 +211,13 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 if sm.model.stop_training:
                     break
         cbks.on_train_end()
-        sm.last_metrics = store.metrics()
-        sm.last_ledger = store.ledger()
     except BaseException:
         # An interrupted or failed fit must not leave tasks training against a dead server.
         sc.cancelJobGroup(sm.job_group)
-        sm.last_metrics = store.metrics()
-        sm.last_ledger = store.ledger()
         raise
     finally:
+        sm.last_metrics = store.metrics()
+        sm.last_ledger = store.ledger()
         server.stop()
         sc.setLocalProperty("spark.jobGroup.id", None)
         broadcast.unpersist()
