@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import pickle
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,7 @@ from requests.adapters import BaseAdapter
 
 from elephant.errors import ConfigError, PSError
 from elephant.optimizers import Commit, Downpour, ModelAveraging
+from elephant.ps import wire
 from elephant.ps.app import create_app
 from elephant.ps.client import InProcessClient, PSClient
 from elephant.ps.server import PSServer
@@ -196,8 +198,51 @@ def test_a_closed_port_is_a_connection_error_naming_host_and_port():
         port = probe.getsockname()[1]
     with PSClient(f"http://127.0.0.1:{port}", TOKEN, retries=1, backoff=0.0) as client:
         with pytest.raises(PSError, match=rf"health check to parameter server 127\.0\.0\.1:{port} failed after "
-                                          r"2 attempts: ConnectionError"):
+                                          r"2 attempts: NewConnectionError: .*Connection refused"):
             client.health()
+
+
+def _scripted_server(answers):
+    """A loopback HTTP server answering one request per connection from ``answers`` (raw bytes or None = hang up)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    received = []
+
+    def serve():
+        for answer in answers:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                received.append(head.split(b"\r\n")[0])
+                if answer is not None:
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread, received
+
+
+@pytest.mark.parametrize("first", [None, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npartial"],
+                         ids=["hung-up", "truncated-body"])
+def test_a_lost_connection_on_the_real_socket_path_is_retried_on_a_new_one(first):
+    store = Store(TEMPLATE, Downpour(), "asynchronous", 2, RUN)
+    good = wire.encode_reply(store.commit(KEY, 3, commit(2.0))).tobytes()
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(good), good)
+    listener, thread, received = _scripted_server([first, ok])
+    with listener, PSClient(f"http://127.0.0.1:{listener.getsockname()[1]}", TOKEN, backoff=0.0) as client:
+        reply = client.commit(KEY, 3, commit(2.0), template=TEMPLATE)
+    thread.join(timeout=5)
+    assert received == [b"POST /commit HTTP/1.1"] * 2  # the same commit, re-sent on a second connection
+    assert reply.clock == 1
+    np.testing.assert_array_equal(reply.center[0], np.full(3, 2.0, dtype=np.float32))
 
 
 def test_end_to_end_over_http_reuses_one_connection():
