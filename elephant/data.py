@@ -105,6 +105,21 @@ def check_xy(x: Any, y: Any) -> int:
     return n
 
 
+def check_validation_data(model, data: Any) -> None:
+    """Validate ``validation_data=(x_val, y_val[, sample_weight])`` against the model."""
+    names = ("validation_data[0]", "validation_data[1]", "validation_data[2]")
+    n = num_samples(data[0], names[0])
+    if n == 0:
+        raise DataError(f"`{names[0]}` is empty (0 samples)")
+    for name, part in zip(names[1:], data[1:]):
+        if part is None:
+            continue
+        m = num_samples(part if isinstance(part, (list, dict)) else np.asarray(part), name)
+        if m != n:
+            raise DataError(f"`{name}` has {m} samples but `{names[0]}` has {n}")
+    check_features(model, data[0], names[0])
+
+
 def model_input_shapes(model) -> list[tuple] | None:
     """Per-input shapes without the batch dimension, or None when unknown."""
     try:

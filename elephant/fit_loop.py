@@ -131,22 +131,25 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         D.check_xy(x, y)
         D.check_features(sm.model, x)
     if validation_data is not None:
-        D.check_xy(*validation_data[:2])
-        D.check_features(sm.model, validation_data[0], "validation_data[0]")
+        if validation_split:
+            raise ConfigError(
+                "pass either `validation_data` or `validation_split`, not both; received "
+                f"validation_split={validation_split!r} and validation_data of {len(validation_data)} items"
+            )
+        D.check_validation_data(sm.model, validation_data)
     spark = sm.spark
     sc = spark.sparkContext
     rdd, num_workers, val = training_rdd(
         sm, sc, x, y, features_col=features_col, label_col=label_col, validation_split=validation_split
     )
     if validation_data is not None:
-        val = tuple(validation_data[:2])
+        val = tuple(validation_data)
     barrier = sm.mode == "synchronous"
-    if barrier:
-        try:
-            session.check_barrier_slots(num_workers, session.task_slots(sc))
-        except ConfigError:
-            rdd.unpersist()
-            raise
+    try:
+        session.check_barrier_slots(num_workers, session.task_slots(sc), sm.optimizer.staleness_bound, sm.mode)
+    except ConfigError:
+        rdd.unpersist()
+        raise
 
     from elephant.ps.app import create_app
     from elephant.ps.server import PSServer
@@ -196,7 +199,10 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 logs = aggregate_logs(results)
                 sm.model.set_weights(store.center())
                 if val is not None:
-                    val_logs = sm.model.evaluate(val[0], val[1], batch_size=batch_size, verbose=0, return_dict=True)
+                    val_logs = sm.model.evaluate(
+                        val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
+                        batch_size=batch_size, verbose=0, return_dict=True,
+                    )
                     logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
                 metrics_after = store.metrics()
                 if sm.mode != "synchronous":
@@ -207,7 +213,17 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
                 bar.set_postfix(commits=metrics_after.get("commits_applied", 0), loss=f"{logs.get('loss', float('nan')):.4f}")
                 bar.update(1)
+                diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
                 cbks.on_epoch_end(epoch, logs)
+                if diverged:
+                    # The server refuses non-finite updates, so the center stays finite; going on
+                    # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.
+                    log.warning(
+                        "training diverged in epoch %d (non-finite loss or weights on partitions %s); stopping "
+                        "the fit with the last finite center weights. Lower the learning rate or clip gradients.",
+                        epoch + 1, diverged,
+                    )
+                    sm.model.stop_training = True
                 if sm.model.stop_training:
                     break
         cbks.on_train_end()

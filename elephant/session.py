@@ -48,16 +48,28 @@ def task_slots(sc) -> int:
     return max(1, sc.defaultParallelism // max(1, cpus))
 
 
-def check_barrier_slots(num_workers: int, slots: int) -> None:
-    """Synchronous (barrier) mode needs every worker scheduled at once.
+def check_barrier_slots(num_workers: int, slots: int, staleness_bound: int | None = None, mode: str = "synchronous") -> None:
+    """Refuse a fit whose workers must all run at once but cannot.
 
-    Spark does not fail fast when a barrier stage has more tasks than free
-    slots -- it keeps re-checking for minutes -- so refuse up front.
+    Synchronous (barrier) mode needs every worker scheduled at once, and so
+    does an SSP ``staleness_bound``: a running worker waits for the slowest
+    partition, and one that has not started yet never catches up. Spark does
+    not fail fast when a barrier stage has more tasks than free slots -- it
+    keeps re-checking for minutes -- and an SSP wait would only end at the
+    read timeout, so refuse up front.
     """
-    if num_workers > slots:
+    if num_workers <= slots:
+        return
+    if mode == "synchronous":
         raise ConfigError(
             f"mode='synchronous' runs all workers at once, but num_workers={num_workers} exceeds "
             f"the {slots} task slots of this Spark cluster; lower num_workers or use mode='asynchronous'"
+        )
+    if staleness_bound is not None:
+        raise ConfigError(
+            f"staleness_bound={staleness_bound} makes every worker wait for the slowest one, so all "
+            f"num_workers={num_workers} must run at once, but this Spark cluster has {slots} task slots; "
+            "lower num_workers or drop the staleness bound"
         )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections import OrderedDict
@@ -120,6 +121,7 @@ class _Window:
         self.steps_in_window = 0
         self.samples_in_window = 0
         self.comm_seconds = 0.0
+        self.diverged_at: int | None = None  # local step whose loss or weights went non-finite
         reply = client.pull(partition, epoch=spec.epoch)
         self.pulled = reply.center
         self.base_clock = reply.clock
@@ -135,14 +137,23 @@ class _Window:
         if self.spec.window is not None and self.steps_in_window >= self.spec.window:
             self.commit()
 
+    def diverge(self) -> None:
+        """Drop the window: a non-finite update is never sent (the server would refuse it)."""
+        self.diverged_at = self.step
+        self.steps_in_window = self.samples_in_window = 0
+
     def commit(self) -> None:
         if self.steps_in_window == 0:
             return
         from elephant.ps.store import CommitKey
+        from elephant.ps.wire import all_finite
 
         t0 = time.perf_counter()
         opt = self.spec.optimizer
         weights = self.model.get_weights()
+        if not all(all_finite(w) for w in weights):
+            self.diverge()
+            return
         tensors, self.state = opt.make_commit(self.state, weights, self.pulled, self.steps_in_window)
         commit = Commit(tensors, self.steps_in_window, self.samples_in_window, self.base_clock)
         key = CommitKey(self.spec.run, self.spec.epoch, self.partition, self.commits)
@@ -194,7 +205,12 @@ def _train_pass(model, x: Any, y: Any, spec: TaskSpec, window: _Window) -> dict[
     for start in range(0, n, spec.batch_size):
         batch = slice(start, start + spec.batch_size)
         logs = model.train_function(iter([(D.take(x, batch), D.take(y, batch), None)]))
-        window.after_step()
+        if "loss" in logs and not math.isfinite(float(logs["loss"])):
+            window.diverge()  # as Keras' TerminateOnNaN, but the center never sees the NaN
+        else:
+            window.after_step()
+        if window.diverged_at is not None:
+            break
     return {k: float(v) for k, v in logs.items()}
 
 
@@ -231,6 +247,7 @@ def run_partition(
             base,
             steps=window.step,
             commits=window.commits,
+            diverged_at=window.diverged_at,
             logs=logs,
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,

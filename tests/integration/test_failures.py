@@ -4,6 +4,7 @@ import socket
 import threading
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from elephant import SparkModel
@@ -32,9 +33,16 @@ def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypat
 
 
 def _port_is_free(port):
+    """Nothing listens on ``port``: a new server can bind and listen there.
+
+    SO_REUSEADDR as every server sets it: connections the old server closed
+    first linger in TIME_WAIT, which must not count as a leaked server.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
+            s.listen(1)
         except OSError:
             return False
     return True
@@ -62,3 +70,38 @@ def test_synchronous_mode_refuses_more_workers_than_slots(spark, digits):
     sm = SparkModel(digits_model(), mode="synchronous", num_workers=3, spark=spark)
     with pytest.raises(ConfigError, match="num_workers=3 exceeds the 2 task slots"):
         sm.fit(x_train, y_train, epochs=1, verbose=0)
+
+
+def test_a_diverging_fit_stops_with_finite_weights(spark, digits):
+    import keras
+
+    x_train, _, y_train, _ = digits
+    model = digits_model()
+    model.compile(keras.optimizers.SGD(1e6), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    sm = SparkModel(model, mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=5, batch_size=32, verbose=0,
+                     callbacks=[keras.callbacks.TerminateOnNaN()])
+    losses = history.history["loss"]
+    assert len(losses) < 5 and not np.isfinite(losses[-1])  # stopped at the first diverged epoch
+    assert all(np.isfinite(w).all() for w in sm.model.get_weights())
+    assert sm.last_metrics["commits_rejected"] == 0  # no NaN was ever sent
+
+
+def test_a_staleness_bound_refuses_more_workers_than_slots(spark, digits):
+    from elephant import optimizers as O
+
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", optimizer=O.DynSGD(staleness_bound=1), num_workers=3, spark=spark)
+    with pytest.raises(ConfigError, match="staleness_bound=1 makes every worker wait for the slowest one"):
+        sm.fit(x_train, y_train, epochs=1, verbose=0)
+    assert sm.ps_url is None  # refused before the server started
+
+
+def test_a_failed_synchronous_fit_frees_its_port_too(spark, digits, monkeypatch):
+    x_train, _, y_train, _ = digits
+    monkeypatch.setenv("ELEPHANT_FAULT", "partition=1,step=2,kind=raise")  # fires on every attempt
+    sm = SparkModel(digits_model(), mode="synchronous", frequency="batch", num_workers=2, spark=spark)
+    with pytest.raises(Exception, match="injected fault"):
+        sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
+    assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))

@@ -118,3 +118,54 @@ def test_multi_input_dict_and_multi_output_model(spark):
     out = sm.predict({"a": a[:50], "b": b[:50]})
     assert out["cls"].shape == (50, 2) and out["reg"].shape == (50, 1)
     np.testing.assert_allclose(out["reg"], sm.model.predict({"a": a[:50], "b": b[:50]}, verbose=0)["reg"], rtol=1e-5, atol=1e-6)
+
+
+def test_one_hot_labels_and_a_list_of_inputs(spark, digits):
+    import keras
+
+    x_train, x_test, y_train, y_test = digits
+    keras.utils.set_random_seed(0)
+    left, right = keras.Input((32,)), keras.Input((32,))
+    h = keras.layers.Dense(64, activation="relu")(keras.layers.Concatenate()([left, right]))
+    model = keras.Model([left, right], keras.layers.Dense(10, activation="softmax")(h))
+    model.compile(keras.optimizers.Adam(3e-3), "categorical_crossentropy", metrics=["accuracy"])
+    one_hot = np.eye(10, dtype="float32")[y_train]
+    sm = SparkModel(model, mode="synchronous", frequency="epoch", num_workers=2, spark=spark)
+    sm.fit([x_train[:, :32], x_train[:, 32:]], one_hot, epochs=8, batch_size=32, verbose=0)
+    pred = sm.predict([x_test[:, :32], x_test[:, 32:]])
+    assert pred.shape == (len(x_test), 10)
+    assert float(np.mean(pred.argmax(axis=1) == y_test)) >= 0.85
+
+
+def test_dataframe_of_scalar_columns(spark):
+    import keras
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(800, 3))
+    y = (x[:, 0] - 2 * x[:, 1] + 0.5 * x[:, 2] > 0).astype(int)
+    df = spark.createDataFrame([(float(a), float(b), float(c), int(l)) for (a, b, c), l in zip(x, y)],
+                               ["a", "b", "c", "label"])
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.Adam(5e-2), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    sm = SparkModel(model, mode="synchronous", num_workers=2, spark=spark)
+    sm.fit(df, features_col=["a", "b", "c"], epochs=6, batch_size=32, verbose=0)
+    assert sm.evaluate(df, features_col=["a", "b", "c"], return_dict=True)["accuracy"] >= 0.9
+
+
+def test_rdd_and_dataframe_input_errors_name_what_is_wrong(spark, digits):
+    from elephant.errors import DataError
+
+    x_train, _, y_train, _ = digits
+    sc = spark.sparkContext
+    sm = SparkModel(digits_model(), mode="asynchronous", optimizer="dynsgd", num_workers=2, spark=spark)
+    with pytest.raises(DataError, match="`x` holds no samples"):
+        sm.fit(sc.parallelize([], 2), epochs=1, verbose=0)
+    wrong = sc.parallelize(list(zip(x_train[:, :10], y_train)), 2)
+    with pytest.raises(DataError, match=r"feature shape \(10,\) but the model expects \(64,\)"):
+        sm.fit(wrong, epochs=1, verbose=0)
+    df = spark.createDataFrame([(f.tolist(), int(l)) for f, l in zip(x_train[:20], y_train[:20])], ["pixels", "digit"])
+    with pytest.raises(DataError, match=r"DataFrame has no column\(s\) \['features', 'label'\]"):
+        sm.fit(df, epochs=1, verbose=0)
+    with pytest.raises(DataError, match="`y` must be None when `x` is an RDD or a DataFrame"):
+        sm.fit(df, y_train[:20], features_col="pixels", label_col="digit", epochs=1, verbose=0)

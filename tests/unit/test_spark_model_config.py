@@ -86,6 +86,10 @@ def test_default_optimizer_depends_on_mode(model):
         (np.zeros((5, 4)), np.zeros(5), {"verbose": "loud"}, ConfigError, "received verbose='loud'"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": np.zeros(3)}, DataError, "`validation_data` must be a tuple"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 5)), np.zeros(2))}, DataError, r"`validation_data\[0\]` has feature shape \(5,\)"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(3))}, DataError, r"`validation_data\[1\]` has 3 samples but `validation_data\[0\]` has 2"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2), np.ones(4))}, DataError, r"`validation_data\[2\]` has 4 samples"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((0, 4)), np.zeros(0))}, DataError, r"`validation_data\[0\]` is empty"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2)), "validation_split": 0.2}, ConfigError, r"pass either `validation_data` or `validation_split`, not both; received validation_split=0.2"),
     ],
 )
 def test_fit_errors_before_spark(model, x, y, kwargs, error, match):
@@ -132,6 +136,18 @@ def test_barrier_slots(workers, slots, ok):
     else:
         with pytest.raises(ConfigError, match=f"num_workers={workers} exceeds the {slots} task slots"):
             check_barrier_slots(workers, slots)
+
+
+@pytest.mark.parametrize("bound, ok", [(None, True), (0, False), (3, False)])
+def test_a_staleness_bound_needs_every_worker_running_at_once(bound, ok):
+    check_barrier_slots(2, 2, bound, "asynchronous")  # enough slots: always fine
+    if ok:
+        check_barrier_slots(5, 2, bound, "asynchronous")
+    else:
+        with pytest.raises(ConfigError, match=rf"staleness_bound={bound} makes every worker wait for the slowest "
+                                              r"one, so all num_workers=5 must run at once, but this Spark cluster "
+                                              r"has 2 task slots"):
+            check_barrier_slots(5, 2, bound, "asynchronous")
 
 
 def test_importing_elephant_does_not_import_spark_or_tf():

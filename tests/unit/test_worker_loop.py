@@ -1,5 +1,6 @@
 """The partition training loop against an in-process store (TF, no Spark, no sockets)."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -129,3 +130,21 @@ def test_fault_marker_fires_once(tmp_path):
     with pytest.raises(RuntimeError):
         worker.inject_fault(fault, 0, 0)
     worker.inject_fault(fault, 0, 0)  # marker exists: no second failure
+
+
+@pytest.mark.parametrize("window", [1, 2, None])
+def test_a_diverging_worker_stops_its_pass_and_never_commits_non_finite_weights(data, window):
+    x, y = data
+    y_bad = y.copy()
+    y_bad[40:] = np.inf  # the loss turns non-finite at the second batch (batch size 32)
+    model = _model()
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, f"run-nan-{window}")
+    client = RecordingClient(store)
+    spec = dataclasses.replace(_spec(model_to_bytes(model), f"run-nan-{window}", window=window), shuffle=False)
+    (stats,) = worker.run_partition(spec, 0, 1, [(x, y_bad)], client)
+    assert stats["diverged_at"] == 1  # the second local step
+    assert stats["steps"] == 1 and not np.isfinite(stats["logs"]["loss"])
+    # only the finite first step may reach the center (window 1); nothing else was sent
+    assert [c[1] for c in client.commits] == ([1] if window == 1 else [])
+    assert all(np.isfinite(w).all() for w in store.center())
+    assert client.finished == [(f"run-nan-{window}", 0, 0, 1)]  # it still leaves rounds and SSP
