@@ -99,10 +99,14 @@ def train_on_spark(epochs: int, workers: int) -> None:
     print(f"StaleClip on Spark: {epochs} epochs, {workers} workers, test accuracy {accuracy:.4f}")
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     check_with_simulate()
     train_on_spark(args.epochs, args.workers)
+
+
+if __name__ == "__main__":
+    main()

@@ -85,7 +85,6 @@ def main() -> None:
     print(f"best trial {result.best_trial.number} {result.best_params}: val accuracy {result.best_score:.4f}")
     print(f"test accuracy: best single model {best:.4f} | top-3 mean ensemble {ens_acc:.4f} | "
           f"top-3 vote ensemble {vote_acc:.4f}")
-    spark.stop()
 
 
 if __name__ == "__main__":

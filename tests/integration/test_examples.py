@@ -1,0 +1,56 @@
+"""The examples run as the README says, in this test session's Spark (no second session)."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_example(name, argv, capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    module.main()
+    return capsys.readouterr().out
+
+
+def number(pattern, text):
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in the example's output:\n{text}"
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
+def test_digits_example_reaches_95_percent_in_20_epochs(spark, capsys, monkeypatch, mode):
+    out = run_example("digits_mlp", ["--mode", mode], capsys, monkeypatch)  # the README's command: 20 epochs
+    assert f"elephant {mode}/epoch: 20 epochs" in out
+    assert number(r"test accuracy (\d\.\d+)", out) >= 0.95
+
+
+def test_diabetes_example_beats_the_mean_predictor(spark, capsys, monkeypatch):
+    out = run_example("diabetes_regression", [], capsys, monkeypatch)
+    assert number(r"test R\^2 (-?\d\.\d+)", out) > 0.2
+
+
+def test_dataframe_example(spark, capsys, monkeypatch):
+    out = run_example("dataframe_fit", [], capsys, monkeypatch)
+    assert number(r"DataFrame fit: test accuracy (\d\.\d+)", out) >= 0.9
+
+
+def test_custom_optimizer_example(spark, capsys, monkeypatch):
+    out = run_example("custom_optimizer", [], capsys, monkeypatch)
+    assert number(r"StaleClip on Spark: .* test accuracy (\d\.\d+)", out) >= 0.9
+    assert number(r"simulate StaleClip\(.*\): \|center - 3\| = (\S+) after", out) < 0.1
+
+
+def test_search_example_prints_trials_and_the_ensemble(spark, capsys, monkeypatch):
+    out = run_example("search_digits", [], capsys, monkeypatch)
+    assert "search of 8 trials with parallelism=2" in out
+    best = number(r"best single model (\d\.\d+)", out)
+    ensemble = number(r"top-3 mean ensemble (\d\.\d+)", out)
+    assert best >= 0.9 and ensemble >= 0.9
