@@ -227,3 +227,14 @@ def test_base_class_has_no_server_rules():
         Bare().apply(None, [], 0, 0, None)
     with pytest.raises(NotImplementedError, match="Bare has no synchronous server rule"):
         Bare().apply_round(None, [], 0, {})
+
+
+def test_every_module_of_the_package_is_imported_so_new_rules_register_themselves():
+    import pkgutil
+    import sys
+
+    import elephant.optimizers as package
+
+    modules = {info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")}
+    assert {"downpour", "dcasgd", "simulate"} <= modules
+    assert all(f"elephant.optimizers.{name}" in sys.modules for name in modules)
