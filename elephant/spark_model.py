@@ -217,7 +217,11 @@ class SparkModel:
 
     def evaluate(self, x, y=None, batch_size: int | None = None, return_dict: bool = False, *,
                  features_col: str | Sequence[str] = "features", label_col: str = "label"):
-        """Sample-weighted loss and metrics computed on Spark (Keras' return conventions)."""
+        """Sample-weighted loss and metrics computed on Spark (Keras' return conventions).
+
+        Partitions are evaluated separately and combined as a sample-weighted
+        mean: exact for mean-type metrics (loss, accuracy, MAE, MSE), not for
+        AUC, precision, recall or F1 (compute those from :meth:`predict`)."""
         from elephant.inference import evaluate
 
         return evaluate(self.model, x, y, batch_size, return_dict=return_dict,
