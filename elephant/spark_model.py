@@ -117,6 +117,9 @@ class SparkModel:
                 f"optimizer {self.optimizer.name!r} supports mode(s) {list(self.optimizer.modes)}; "
                 f"received mode={mode!r}"
             )
+        mismatch = self.optimizer.local_optimizer_mismatch(model.optimizer)
+        if mismatch:
+            log.warning(mismatch)
         self.num_workers = _check_positive_int("num_workers", num_workers, allow_none=True)
         self.custom_objects = dict(custom_objects or {})
         if not (isinstance(read_timeout, (int, float)) and read_timeout > 0):

@@ -226,6 +226,16 @@ class DistributedOptimizer:
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous server rule")
 
+    def local_optimizer_mismatch(self, local: Any) -> str | None:
+        """Why the model's compiled Keras optimizer breaks an assumption of this rule, or None.
+
+        ``SparkModel`` logs the answer as a warning. Rules whose math assumes a
+        particular local optimizer (DC-ASGD: plain SGD with this rule's
+        learning rate; EAMSGD: Nesterov SGD with this rule's momentum) override
+        it; ``local`` is duck-typed, so this package needs no Keras import.
+        """
+        return None
+
     # ------------------------------------------------------------ config
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this optimizer (see :meth:`from_config`)."""
@@ -340,3 +350,12 @@ def get(identifier: Any, **kwargs: Any) -> DistributedOptimizer:
         return cls.from_config(config)
     except TypeError as exc:
         raise ConfigError(f"invalid arguments for optimizer {name!r}: {exc}") from None
+
+
+def local_setting(local: Any, name: str) -> Any:
+    """A Keras optimizer's hyperparameter as a Python value (float32 variables read as 6-digit floats)."""
+    value = getattr(local, name, None)
+    try:
+        return float(f"{float(value):.6g}")
+    except (TypeError, ValueError):
+        return value

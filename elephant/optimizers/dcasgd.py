@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_number, local_setting, register, tree_map
 
 Weights = list[np.ndarray]
 
@@ -80,6 +80,14 @@ class DCASGD(DistributedOptimizer):
         self.adaptive = adaptive
         self.decay = check_number("decay", decay, low=0.0, high=1.0, high_open=True)
         self.epsilon = check_number("epsilon", epsilon, low=0.0, low_open=True)
+
+    def local_optimizer_mismatch(self, local):
+        kind, lr = type(local).__name__, local_setting(local, "learning_rate")
+        if kind != "SGD" or local_setting(local, "momentum") or lr != self.learning_rate:
+            return (f"DC-ASGD recovers gradients as -delta / learning_rate, exact only with plain SGD at "
+                    f"learning_rate={self.learning_rate}; the model is compiled with {kind}(learning_rate={lr}), "
+                    "so the delay compensation is approximate")
+        return None
 
     def server_init(self, center, num_workers):
         return DCASGDState(mean_square=[np.zeros_like(c) for c in center] if self.adaptive else None)

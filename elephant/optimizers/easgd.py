@@ -16,7 +16,7 @@ import logging
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_number, local_setting, register, tree_map
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +199,14 @@ class EAMSGD(AEASGD):
     def __init__(self, window=None, alpha=None, momentum=0.9, *, rho=None, learning_rate=None, staleness_bound=None):
         super().__init__(window, alpha, rho=rho, learning_rate=learning_rate, staleness_bound=staleness_bound)
         self.momentum = check_number("momentum", momentum, low=0.0, high=1.0, high_open=True)
+
+    def local_optimizer_mismatch(self, local):
+        kind, momentum = type(local).__name__, local_setting(local, "momentum")
+        if kind != "SGD" or not getattr(local, "nesterov", False) or momentum != self.momentum:
+            return (f"EAMSGD's momentum lives in the local optimizer, but the model is compiled with {kind} "
+                    f"(momentum={momentum}, nesterov={getattr(local, 'nesterov', None)}), so momentum="
+                    f"{self.momentum} has no effect; compile with EAMSGD.local_optimizer(learning_rate)")
+        return None
 
     def local_optimizer(self, learning_rate: float = 0.01):
         """The Keras optimizer to compile the model with: ``SGD(lr, momentum, nesterov=True)``.

@@ -164,3 +164,32 @@ def test_public_api():
     assert set(elephant.__all__) >= {"SparkModel", "load", "optimizers", "ConfigError", "DataError", "PSError"}
     for name in elephant.__all__:
         assert getattr(elephant, name) is not None
+
+
+def _compiled(optimizer):
+    m = _model(compiled=False)
+    m.compile(optimizer, "sparse_categorical_crossentropy")
+    return m
+
+
+@pytest.mark.parametrize(
+    "local, rule, warns",
+    [
+        (lambda: keras.optimizers.SGD(0.05), lambda: O.DCASGD(learning_rate=0.05), False),
+        (lambda: keras.optimizers.SGD(0.1), lambda: O.DCASGD(learning_rate=0.05), True),
+        (lambda: keras.optimizers.Adam(0.05), lambda: O.DCASGD(learning_rate=0.05), True),
+        (lambda: O.EAMSGD(momentum=0.8).local_optimizer(0.05), lambda: O.EAMSGD(momentum=0.8), False),
+        (lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True), lambda: O.EAMSGD(momentum=0.8), True),
+        (lambda: keras.optimizers.Adam(), lambda: O.EAMSGD(), True),
+        (lambda: keras.optimizers.Adam(), lambda: O.DynSGD(), False),
+    ],
+)
+def test_a_local_optimizer_that_breaks_the_rule_is_warned_about(caplog, local, rule, warns):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="elephant.spark_model"):
+        SparkModel(_compiled(local()), mode="asynchronous", optimizer=rule(), spark=_NoSpark())
+    messages = [r.getMessage() for r in caplog.records if r.name == "elephant.spark_model"]
+    assert bool(messages) == warns, messages
+    if warns:
+        assert "the model is compiled with" in messages[0]
