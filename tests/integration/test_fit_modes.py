@@ -77,3 +77,24 @@ def test_early_stopping_stops_the_fit(spark, digits):
     stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1)
     history = sm.fit(x_train, y_train, epochs=10, batch_size=32, callbacks=[stop], verbose=0)
     assert len(history.epoch) == 2
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
+def test_one_spark_job_per_epoch_over_data_cached_once(spark, digits, mode):
+    x_train, _, y_train, _ = digits
+    sc = spark.sparkContext
+    sm = SparkModel(digits_model(), mode=mode, frequency="epoch", optimizer=None if mode == "synchronous" else "dynsgd",
+                    num_workers=2, spark=spark)
+    import keras
+
+    persisted = sc._jsc.getPersistentRDDs().size()
+    during = []
+    watch = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: during.append(sc._jsc.getPersistentRDDs().size()))
+    sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, callbacks=[watch])
+    assert during == [persisted + 1] * 3  # the training blocks stay cached across epochs
+    jobs = sc.statusTracker().getJobIdsForGroup(sm.job_group)
+    assert len(jobs) == 3
+    stages = [sc.statusTracker().getJobInfo(j).stageIds for j in sorted(jobs)]
+    assert all(len(s) == 1 for s in stages)  # no shuffle: each epoch is one stage over the cached blocks
+    assert sm.last_metrics["commits_applied" if mode == "asynchronous" else "rounds_applied"] == (6 if mode == "asynchronous" else 3)
+    assert sc._jsc.getPersistentRDDs().size() == persisted  # the cached blocks are released after the fit

@@ -1,0 +1,97 @@
+"""The embedded SparkSession's settings and the worker's TensorFlow thread limit (no JVM started)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from elephant import session  # noqa: E402
+
+
+class RecordingBuilder:
+    def __init__(self):
+        self.settings = {}
+
+    def master(self, value):
+        self.settings["master"] = value
+        return self
+
+    def appName(self, value):
+        self.settings["app"] = value
+        return self
+
+    def config(self, key, value):
+        self.settings[key] = value
+        return self
+
+    def getOrCreate(self):
+        return self
+
+
+def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    builder = RecordingBuilder()
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    monkeypatch.setattr(SparkSession, "builder", builder)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert session.get_or_create() is builder
+    assert builder.settings["master"] == "local[*]"
+    assert builder.settings["spark.ui.enabled"] == "false"
+    assert builder.settings["spark.driver.host"] == builder.settings["spark.driver.bindAddress"] == "127.0.0.1"
+    assert builder.settings["spark.python.daemon.module"] == "elephant.daemon"
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_an_active_session_is_used_and_pyspark_python_is_left_alone(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    active = object()
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: active))
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python-of-the-cluster")
+    assert session.get_or_create() is active
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/python-of-the-cluster"
+
+
+class FakeContext:
+    def __init__(self, master, conf):
+        self.master, self._conf = master, conf
+        self.defaultParallelism = int(conf.get("parallelism", 4))
+
+    def getConf(self):
+        return self
+
+    def get(self, key, default=None):
+        return self._conf.get(key, default)
+
+
+@pytest.mark.parametrize("master, host, expected", [
+    ("local[2]", "10.0.0.5", "127.0.0.1"),
+    ("local-cluster[2,1,1024]", "10.0.0.5", "10.0.0.5"),
+    ("spark://head:7077", "10.0.0.5", "10.0.0.5"),
+])
+def test_the_parameter_server_binds_where_executors_reach_the_driver(master, host, expected):
+    assert session.ps_host(FakeContext(master, {"spark.driver.host": host})) == expected
+
+
+def test_task_slots_divide_parallelism_by_cpus_per_task():
+    assert session.task_slots(FakeContext("local[8]", {"parallelism": 8, "spark.task.cpus": "2"})) == 4
+    assert session.task_slots(FakeContext("local[1]", {"parallelism": 1, "spark.task.cpus": "4"})) == 1
+
+
+def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():
+    pytest.importorskip("tensorflow")
+    code = (
+        "from elephant.worker import limit_threads\n"
+        "limit_threads(1)\n"
+        "import tensorflow as tf\n"
+        "print(tf.config.threading.get_intra_op_parallelism_threads(),"
+        " tf.config.threading.get_inter_op_parallelism_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True)
+    assert out.stdout.split() == ["1", "1"]
