@@ -170,17 +170,32 @@ def records_are_blocks(first: Any, expected_shapes: list[tuple] | None) -> bool:
     return features.ndim == len(expected_shapes[0]) + 1
 
 
+#: Rows converted at a time from per-row Python objects (RDD records, DataFrame rows):
+#: a partition is never held as one Python list, only as numpy chunks.
+CHUNK_ROWS = 4096
+
+
+def chunked(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]]:
+    """Lists of at most ``size`` (default :data:`CHUNK_ROWS`) consecutive items."""
+    size = size or CHUNK_ROWS
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
 def stack_records(records: Iterable[tuple[Any, Any]], feature_dtype=np.float32) -> Iterator[tuple[Any, Any]]:
-    """One block from an iterable of ``(features, label)`` records (empty -> nothing)."""
+    """One block from an iterable of ``(features, label)`` records (empty -> nothing).
+
+    Records are stacked :data:`CHUNK_ROWS` at a time, so at most one chunk of
+    them is alive as Python objects, whatever the partition's size.
+    """
     xs, ys = [], []
-    for features, label in records:
-        xs.append(features)
-        ys.append(label)
+    for chunk in chunked(records):
+        xs.append(np.asarray([r[0] for r in chunk], dtype=feature_dtype))
+        ys.append(np.asarray([r[1] for r in chunk]))
     if not xs:
         return iter(())
-    x = np.asarray(xs, dtype=feature_dtype)
-    y = np.asarray(ys)
-    return iter([(x, y)])
+    return iter([(np.concatenate(xs), np.concatenate(ys))])
 
 
 def concat_blocks(blocks: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
@@ -250,18 +265,19 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
     scalar_stack = len(cols) > 1
     has_label = label_col is not None
 
-    def to_block(rows):
-        rows = list(rows)
-        if not rows:
-            return iter(())
-        n_feat = len(cols)
+    n_feat = len(cols)
+
+    def chunk_block(rows):
         if scalar_stack:
             x = np.asarray([r[:n_feat] for r in rows], dtype=np.float32)
         else:
             x = np.asarray([r[0] for r in rows], dtype=np.float32)
             if x.ndim == 1:
                 x = x[:, None]
-        y = np.asarray([r[n_feat] for r in rows]) if has_label else None
-        return iter([(x, y)])
+        return x, (np.asarray([r[n_feat] for r in rows]) if has_label else None)
+
+    def to_block(rows):
+        # CHUNK_ROWS rows at a time: the partition never exists as one list of Rows
+        return concat_blocks(chunk_block(chunk) for chunk in chunked(rows))
 
     return df.select(*exprs).rdd.mapPartitions(to_block)

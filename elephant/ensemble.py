@@ -78,20 +78,6 @@ def _scorer(compile_config: Mapping[str, Any], shape: tuple, custom_objects=None
     return _SCORERS[key]
 
 
-def _to_blocks(shapes):
-    """Partition function: records or ``(x, y)`` blocks to one block, the format read per partition.
-
-    Not ``rdd.first()`` on the driver: a take() job leaves its Python worker
-    unusable, so the next job would start a fresh one and rebuild every member.
-    """
-    def to_blocks(items):
-        items = list(items)
-        as_blocks = bool(items) and D.records_are_blocks(items[0], shapes)
-        return (D.concat_blocks if as_blocks else D.stack_records)(items)
-
-    return to_blocks
-
-
 class Ensemble:
     """A fixed set of Keras models whose predictions are combined.
 
@@ -192,18 +178,12 @@ class Ensemble:
 
             def task(items):
                 from elephant.ensemble import _predict
+                from elephant.inference import rdd_predictions
 
-                items = list(items)
-                pairs = bool(items) and isinstance(items[0], tuple) and len(items[0]) == 2
-                if not items or (pairs and D.records_are_blocks(items[0], shapes)):  # format read per partition
-                    return iter([_predict(specs, b[0], batch_size, how, weights) for b in items])
-                feats = np.asarray([it[0] if pairs else it for it in items], dtype=np.float32)
-                return iter(list(_predict(specs, feats, batch_size, how, weights)))
+                return rdd_predictions(items, lambda f: _predict(specs, f, batch_size, how, weights), shapes)
 
             return x.mapPartitions(task)
         from pyspark.sql import types as T
-
-        from elephant.inference import _row_features
 
         cols = [features_col] if isinstance(features_col, str) else list(features_col)
         if [c for c in cols if c not in x.columns] or prediction_col in x.columns:
@@ -215,11 +195,13 @@ class Ensemble:
 
         def rows_task(rows):
             from elephant.ensemble import _predict
+            from elephant.inference import dataframe_predictions
 
-            rows = list(rows)
-            out = _predict(specs, np.stack([_row_features(r, cols) for r in rows]), batch_size, how, weights) if rows else []
-            values = np.asarray(out).tolist() if how == "vote" else np.asarray(out).reshape(len(rows), -1).tolist()
-            return iter([tuple(r) + (v,) for r, v in zip(rows, values)])
+            def predict(features):
+                out = np.asarray(_predict(specs, features, batch_size, how, weights))
+                return out.tolist() if how == "vote" else out.reshape(len(features), -1).tolist()
+
+            return dataframe_predictions(rows, predict, cols)
 
         return x.sparkSession.createDataFrame(x.rdd.mapPartitions(rows_task), schema)
 
@@ -246,7 +228,7 @@ class Ensemble:
             result = {k: float(v) for k, v in logs.items()}
         else:
             rdd = D.dataframe_blocks(x, features_col, label_col) if D.is_dataframe(x) else \
-                x.mapPartitions(_to_blocks(D.model_input_shapes(self.models[0])))
+                x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(self.models[0])))
             broadcasts, specs = self._ship(rdd.context)
 
             def task(blocks):

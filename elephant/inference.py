@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,22 +83,51 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
     return _concat_outputs(parts)
 
 
-def _predict_rdd(rdd, spec, batch_size, expected_shapes):
-    """Predictions for an RDD of records, bare feature vectors or blocks, partition by partition."""
+def rdd_predictions(items: Any, predict: Any, expected_shapes: list[tuple] | None):
+    """Inside a task: predictions for a partition of records, bare feature vectors or blocks.
 
+    ``predict(x_block)`` returns one output row per input row. Blocks give one
+    output block each; records and vectors give one output per element, in
+    order, converted :data:`elephant.data.CHUNK_ROWS` at a time (the partition
+    is never one Python list). The format is read from the first element.
+    """
+    it = iter(items)
+    first = next(it, None)
+    if first is None:
+        return
+    items = itertools.chain([first], it)
+    labelled = isinstance(first, tuple) and len(first) == 2
+    if labelled and D.records_are_blocks(first, expected_shapes):
+        for block in items:
+            yield predict(block[0])
+        return
+    for chunk in D.chunked(items):
+        yield from predict(np.asarray([r[0] if labelled else r for r in chunk], dtype=np.float32))
+
+
+def dataframe_predictions(rows: Any, predict: Any, cols: list[str]):
+    """Inside a task: each Row of a partition with its prediction appended, in order, in chunks.
+
+    ``predict(x_block)`` returns one value per row (a list for vectors).
+    """
+    for chunk in D.chunked(rows):
+        values = predict(np.stack([_row_features(r, cols) for r in chunk]))
+        for r, v in zip(chunk, values):
+            yield tuple(r) + (v,)
+
+
+def _predict_rdd(rdd, spec, batch_size, expected_shapes):
     def task(items):
         from elephant.worker import predict_block
 
-        items = list(items)
-        if not items:
-            return iter(())
-        first = items[0]
-        labelled = isinstance(first, tuple) and len(first) == 2
-        if labelled and D.records_are_blocks(first, expected_shapes):
-            m = _model(spec)
-            return iter([predict_block(m, b[0], batch_size) for b in items])
-        feats = np.asarray([it[0] if labelled else it for it in items], dtype=np.float32)
-        return iter(list(predict_block(_model(spec), feats, batch_size)))
+        model = None
+
+        def predict(x):
+            nonlocal model
+            model = model or _model(spec)
+            return predict_block(model, x, batch_size)
+
+        return rdd_predictions(items, predict, expected_shapes)
 
     return rdd.mapPartitions(task)
 
@@ -124,12 +155,10 @@ def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
     def task(rows):
         from elephant.worker import predict_block
 
-        rows = list(rows)
-        if not rows:
-            return iter(())
-        x = np.stack([_row_features(r, cols) for r in rows])
-        preds = np.asarray(predict_block(_model(spec), x, batch_size)).reshape(len(rows), -1)
-        return iter([tuple(r) + (p.tolist(),) for r, p in zip(rows, preds)])
+        def predict(x):
+            return np.asarray(predict_block(_model(spec), x, batch_size)).reshape(len(x), -1).tolist()
+
+        return dataframe_predictions(rows, predict, cols)
 
     # One pass over each partition: rows keep their order and get their own prediction.
     return df.sparkSession.createDataFrame(df.rdd.mapPartitions(task), schema)

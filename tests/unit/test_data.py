@@ -78,3 +78,32 @@ def test_stack_records_and_concat_blocks():
     merged = list(D.concat_blocks([(np.zeros((2, 3)), np.zeros(2)), (np.ones((3, 3)), np.ones(3))]))
     assert len(merged) == 1 and merged[0][0].shape == (5, 3)
     assert list(D.concat_blocks([(np.zeros((0, 3)), np.zeros(0))])) == []
+
+
+class _Alive:
+    count = peak = 0
+
+
+class _Feature(list):
+    """A feature vector that counts how many of its kind exist at once."""
+
+    def __init__(self, values):
+        super().__init__(values)
+        _Alive.count += 1
+        _Alive.peak = max(_Alive.peak, _Alive.count)
+
+    def __del__(self):
+        _Alive.count -= 1
+
+
+def test_records_are_stacked_chunk_by_chunk_never_as_one_list(monkeypatch):
+    from elephant import data as D
+
+    monkeypatch.setattr(D, "CHUNK_ROWS", 100)
+    _Alive.count = _Alive.peak = 0
+    records = ((_Feature([float(i), -float(i)]), i % 3) for i in range(1000))
+    ((x, y),) = D.stack_records(records)
+    np.testing.assert_array_equal(x[:, 0], np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(y, np.arange(1000) % 3)
+    assert _Alive.peak <= 2 * 100 + 1  # at most the chunk being built and the one just converted
+    assert [len(c) for c in D.chunked(range(250), 100)] == [100, 100, 50]
