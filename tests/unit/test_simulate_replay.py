@@ -1,9 +1,11 @@
 """Runtime ≡ replay: the threaded parameter-server store and ``simulate`` agree bit for bit.
 
 numpy workers drive a real :class:`elephant.ps.store.Store` from threads (the
-same rule calls the Spark worker makes); the order in which the store applied
-commits (its ledger) is then replayed through :func:`simulate`, which must end
-on a bit-identical center (optimizers.md §14.6; T4.5 and T5.3).
+same rule calls the Spark worker makes), either directly or over HTTP through
+:class:`~elephant.ps.server.PSServer` and one :class:`~elephant.ps.client.PSClient`
+per worker thread; the order in which the store applied commits (its ledger) is
+then replayed through :func:`simulate`, which must end on a bit-identical center
+(optimizers.md §14.6; T4.5 and T5.3).
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ import pytest
 
 from elephant.optimizers import Commit, DynSGD, get, registered_names, simulate
 from elephant.optimizers.simulate import quadratic, sgd
+from elephant.ps.app import create_app
+from elephant.ps.client import PSClient
+from elephant.ps.server import PSServer
 from elephant.ps.store import CommitKey, Store
 
 RUN = "replay"
+TOKEN = "replay-token"
 LR = 0.05
 INIT = [np.zeros((3, 2), np.float32), np.zeros((2,), np.float32)]
 TARGETS = [
@@ -46,16 +52,21 @@ def worker_loop(store, opt, k, commits, grad, starts, ready, samples=8):
     store.finish(RUN, 0, k, 0)
 
 
-def run_threads(opt, mode, commits_per_worker):
+def run_threads(opt, mode, commits_per_worker, transport="store"):
     n = len(commits_per_worker)
     store = Store(INIT, opt, mode, n, RUN)
     grads = [quadratic(t) for t in TARGETS[:n]]
     starts, errors = {}, []
     ready = threading.Barrier(n) if mode != "synchronous" else threading.Barrier(1)
+    server = PSServer(create_app(store, TOKEN)).start() if transport == "http" else None
 
     def target(k):
         try:
-            worker_loop(store, opt, k, commits_per_worker[k], grads[k], starts, ready)
+            if server is None:
+                worker_loop(store, opt, k, commits_per_worker[k], grads[k], starts, ready)
+            else:
+                with PSClient(server.url, TOKEN) as client:
+                    worker_loop(client, opt, k, commits_per_worker[k], grads[k], starts, ready)
         except BaseException as exc:  # surfaced in the main thread
             errors.append(exc)
             ready.abort()
@@ -65,6 +76,8 @@ def run_threads(opt, mode, commits_per_worker):
         t.start()
     for t in threads:
         t.join(timeout=60)
+    if server is not None:
+        server.stop()
     store.close()
     assert not any(t.is_alive() for t in threads)
     if errors:
@@ -108,11 +121,12 @@ SYNC = [name for name in registered_names() if "synchronous" in get(name).modes]
 KWARGS = {"dcasgd": {"learning_rate": LR}, "adag": {"gamma": 1e-2}}
 
 
+@pytest.mark.parametrize("transport", ["store", "http"])
 @pytest.mark.parametrize("name", ASYNC)
-def test_asynchronous_store_equals_replay(name):
+def test_asynchronous_store_equals_replay(name, transport):
     opt = get(name, window=2, **KWARGS.get(name, {}))
     commits = [12, 9, 15, 6]
-    store, grads, starts = run_threads(opt, "asynchronous", commits)
+    store, grads, starts = run_threads(opt, "asynchronous", commits, transport)
     trace = replay_async(opt, store, grads, starts)
     assert trace.clock == store.clock == sum(commits)
     assert_same_center(store, trace)
@@ -135,18 +149,19 @@ def test_stateful_rules_with_a_staleness_bound_equal_replay(name):
     assert_same_center(store, replay_async(opt, store, grads, starts))
 
 
+@pytest.mark.parametrize("transport", ["store", "http"])
 @pytest.mark.parametrize("name", SYNC)
-def test_synchronous_store_equals_replay(name):
+def test_synchronous_store_equals_replay(name, transport):
     opt = get(name, window=3)
     commits = [5, 5, 3]  # worker 2 finishes early and leaves the rounds
-    store, grads, _ = run_threads(opt, "synchronous", commits)
+    store, grads, _ = run_threads(opt, "synchronous", commits, transport)
     trace = replay_rounds(opt, store, grads, commits)
     assert trace.clock == store.clock == 5
     assert_same_center(store, trace)
 
 
 def test_t5_3_dynsgd_clock_is_atomic():
-    """2 threads × 400 commits of Δ = 1: clock 800, no clock value used twice, each factor 1/(τ + 1)."""
+    """2 threads × 1000 commits of Δ = 1: clock 2000, no clock value used twice, each factor 1/(τ + 1)."""
     applied = []
 
     class Audited(DynSGD):
@@ -162,7 +177,7 @@ def test_t5_3_dynsgd_clock_is_atomic():
 
     def target(k):
         reply = store.pull(k)
-        for step in range(400):
+        for step in range(1000):
             reply = store.commit(CommitKey(RUN, 0, k, step), 0, Commit(one, 1, 1, reply.clock))
             if step % 7 == 0:
                 reply = store.pull(k)  # interleaved pulls
@@ -173,7 +188,7 @@ def test_t5_3_dynsgd_clock_is_atomic():
     for t in threads:
         t.join(timeout=60)
     store.close()
-    assert store.clock == 800
-    assert [c for c, _ in applied] == list(range(800))
+    assert store.clock == 2000
+    assert [c for c, _ in applied] == list(range(2000))
     expected = sum(1.0 / (tau + 1) for _, tau in applied)
     assert float(store.center()[0][0]) == pytest.approx(expected, rel=1e-12)
