@@ -148,3 +148,23 @@ def test_a_diverging_worker_stops_its_pass_and_never_commits_non_finite_weights(
     assert [c[1] for c in client.commits] == ([1] if window == 1 else [])
     assert all(np.isfinite(w).all() for w in store.center())
     assert client.finished == [(f"run-nan-{window}", 0, 0, 1)]  # it still leaves rounds and SSP
+
+
+def test_the_worker_pass_equals_keras_fit(data):
+    """Canary for Keras upgrades: the pass drives Keras' compiled train step directly
+    (``make_train_function``/``train_function``); one pass must equal ``model.fit`` for
+    one unshuffled epoch (weights, optimizer steps and the reported loss)."""
+    x, y = data
+    model = _model()
+    model_bytes = model_to_bytes(model)
+    reference = worker.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference")
+    fitted = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-canary")
+    spec = dataclasses.replace(_spec(model_bytes, "run-canary", window=None), shuffle=False)
+    (stats,) = worker.run_partition(spec, 0, 1, [data], RecordingClient(store))
+    mine = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-canary")
+    assert mine is not reference
+    for a, b in zip(mine.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert int(mine.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy()) == 4
+    assert stats["logs"]["loss"] == pytest.approx(fitted.history["loss"][0], rel=1e-5)
