@@ -30,6 +30,13 @@ def test_no_flask_debug_anywhere_in_the_package():
     assert offenders == []
 
 
+def test_nothing_is_decided_from_the_loss_name():
+    """Classification or regression is never inferred from a loss's name (a peer bug, design.md §6)."""
+    pattern = r"crossentropy|[\"']mse[\"']|mean_squared|\.loss\b.*==|loss\.__name__|get_config\(\)\[.loss"
+    offenders = [str(p.relative_to(PACKAGE)) for p in _sources() if re.search(pattern, p.read_text())]
+    assert offenders == []
+
+
 class _Conf:
     def __init__(self, values):
         self.values = values
