@@ -128,3 +128,56 @@ def test_servers_of_concurrent_fits_refuse_each_others_tokens():
     finally:
         for server in servers:
             server.stop()
+
+
+def test_live_concurrent_trials_have_their_own_servers_and_refuse_each_others_tokens(spark, digits, monkeypatch):
+    """Two trials running at once (parallelism 2): while both servers are up, each one
+    answers 401 to the other trial's token, and to its own token it answers 200."""
+    import keras
+
+    from elephant.ps.client import PSClient
+    from elephant.ps.server import PSServer
+
+    x_train, _, y_train, _ = digits
+    live, checks, lock = {}, [], threading.Lock()
+    start = PSServer.start
+
+    def recording_start(self):
+        started = start(self)
+        with lock:
+            live[self.url] = self._token
+        return started
+
+    def probe(epoch, logs):  # runs on the driver between the epochs of either trial
+        with lock:
+            servers = dict(live)
+        if len(servers) < 2:
+            return
+        (url_a, token_a), (url_b, token_b) = list(servers.items())[:2]
+        for url, own, other in ((url_a, token_a, token_b), (url_b, token_b, token_a)):
+            try:
+                with PSClient(url, other, retries=0) as intruder:
+                    intruder.health()
+                    checks.append((url, "accepted"))
+            except PSError as exc:
+                checks.append((url, "401" if "HTTP 401" in str(exc) else str(exc)))
+            except Exception as exc:  # the other trial's server may have just stopped
+                checks.append((url, f"gone: {type(exc).__name__}"))
+            else:
+                continue
+            try:
+                with PSClient(url, own, retries=0) as owner:
+                    checks.append((url, "own-ok" if owner.health()["status"] == "ok" else "own-bad"))
+            except Exception as exc:
+                checks.append((url, f"gone: {type(exc).__name__}"))
+
+    monkeypatch.setattr(PSServer, "start", recording_start)
+    result = minimize(small_model, {"units": hp.choice("units", [8, 16])}, x_train, y_train, max_evals=2,
+                      parallelism=2, validation_split=0.2, epochs=6, batch_size=32, seed=0, verbose=0,
+                      callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=probe)], spark=spark)
+    assert [t.status for t in result.trials] == ["ok", "ok"]
+    assert len(live) == 2 and len(set(live.values())) == 2  # two servers: distinct ports and tokens
+    refused = [c for c in checks if c[1] == "401"]
+    assert refused, f"the two trials never ran at the same time: {checks}"
+    assert not [c for c in checks if c[1] in ("accepted", "own-bad")], checks
+    assert ("own-ok" in {c[1] for c in checks})
