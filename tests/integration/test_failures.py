@@ -105,3 +105,29 @@ def test_a_failed_synchronous_fit_frees_its_port_too(spark, digits, monkeypatch)
         sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
+
+
+def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):
+    """T04: Ctrl-C in a notebook or script while a fit runs."""
+    import os
+    import signal
+    import time
+
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
+    timer = threading.Timer(6.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sm.fit(x_train, y_train, epochs=500, batch_size=8, verbose=0)  # far longer than the timer
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 6.0 + 20
+    assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
+    assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
+    deadline = time.monotonic() + 30
+    while list(spark.sparkContext.statusTracker().getActiveJobsIds()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(spark.sparkContext.statusTracker().getActiveJobsIds()) == []
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the session still trains
