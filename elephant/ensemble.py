@@ -225,7 +225,7 @@ class Ensemble:
             D.check_xy(x, y)
             out = _scored(self.predict_members(x, batch_size, local=local), how, weights)
             logs = _scorer(config, out.shape[1:], custom).evaluate(out, y, batch_size=batch_size, verbose=0, return_dict=True)
-            result = {k: float(v) for k, v in logs.items()}
+            parts = [(1, {k: float(v) for k, v in logs.items()})]  # one part: the mean is the value itself
         else:
             rdd = D.dataframe_blocks(x, features_col, label_col) if D.is_dataframe(x) else \
                 x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(self.models[0])))
@@ -244,14 +244,9 @@ class Ensemble:
             finally:
                 for broadcast in broadcasts:
                     broadcast.unpersist()
-            if not parts:
-                raise DataError("`x` holds no samples to evaluate")
-            total = sum(c for c, _ in parts)
-            result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in parts[0][1]}
-        if return_dict:
-            return result
-        values = [result[k] for k in sorted(result, key=lambda k: k != "loss")]  # Keras' order: loss first
-        return values[0] if len(values) == 1 else values
+        from elephant.inference import combine_partition_logs
+
+        return combine_partition_logs(parts, return_dict)
 
     # ----------------------------------------------------------- construction
     @classmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,14 +119,8 @@ def _predict_rdd(rdd, spec, batch_size, expected_shapes):
     def task(items):
         from elephant.worker import predict_block
 
-        model = None
-
-        def predict(x):
-            nonlocal model
-            model = model or _model(spec)
-            return predict_block(model, x, batch_size)
-
-        return rdd_predictions(items, predict, expected_shapes)
+        # _model is cached per Python worker; it is built only if the partition has rows
+        return rdd_predictions(items, lambda x: predict_block(_model(spec), x, batch_size), expected_shapes)
 
     return rdd.mapPartitions(task)
 
@@ -197,11 +190,19 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         parts = rdd.mapPartitions(task).collect()
     finally:
         ship.close()
+    return combine_partition_logs(parts, return_dict)
+
+
+def combine_partition_logs(parts: list[tuple[int, dict[str, float]]], return_dict: bool) -> Any:
+    """Sample-weighted mean of per-partition ``(count, logs)``, returned as Keras' ``evaluate`` does.
+
+    A dict if ``return_dict``; else the loss first, then the metrics (a bare
+    float when there is only the loss).
+    """
     if not parts:
         raise DataError("`x` holds no samples to evaluate")
     total = sum(c for c, _ in parts)
-    keys = list(parts[0][1].keys())
-    keys.sort(key=lambda k: k != "loss")  # Keras' order: loss first, then the metrics
+    keys = sorted(parts[0][1], key=lambda k: k != "loss")  # Keras' order: loss first, then the metrics
     result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in keys}
     if return_dict:
         return result
