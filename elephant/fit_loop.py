@@ -16,6 +16,7 @@ from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
 from elephant.model_io import model_fingerprint, model_to_bytes
+from elephant.optimizers.base import worker_batch_size
 from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,16 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
             num_workers, num_workers,
         )
 
+    worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
+    sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,
+                   "window": sm.window, "optimizer": sm.optimizer.get_config()}
+    log.info(
+        "elephant fit: %d workers, %s, window=%s; %s", num_workers, sm.optimizer.describe(num_workers), sm.window,
+        f"batch_size={batch_size} is the global batch: each worker trains batches of {worker_batch} "
+        "(pass SparkModel(batch_split=False) for full batches per worker)" if worker_batch != batch_size
+        else f"each worker trains batches of {batch_size}",
+    )
+
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
     center = sm.model.get_weights()
@@ -190,7 +201,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 t0 = time.perf_counter()
                 spec = TaskSpec(
                     run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
-                    optimizer=sm.optimizer, window=sm.window, batch_size=batch_size, mode=sm.mode,
+                    optimizer=sm.optimizer, window=sm.window, batch_size=worker_batch, mode=sm.mode,
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
                     fault=os.environ.get("ELEPHANT_FAULT") or None,

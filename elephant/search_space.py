@@ -65,13 +65,13 @@ def route(params: Mapping[str, Any], accepted: frozenset | None) -> Routed:
 
 def elephant_settings(settings: Mapping[str, Any]) -> dict:
     """SparkModel keyword arguments, validated; ``optimizer.<param>`` keys are passed to ``optimizers.get``."""
-    from elephant.spark_model import _check_frequency, _check_mode, _check_positive_int
+    from elephant.spark_model import _check_frequency, _check_mode, _check_positive_int, default_optimizer
 
     out = {k: v for k, v in settings.items() if not k.startswith(_OPT)}
     mode = _check_mode(out.get("mode", "asynchronous"))
     _check_frequency(out.get("frequency"))
     _check_positive_int("num_workers", out.get("num_workers"), allow_none=True)
-    ident = out.get("optimizer") or ("modelaveraging" if mode == "synchronous" else "downpour")
+    ident = out.get("optimizer") or default_optimizer(mode)
     opt = out["optimizer"] = O.get(ident, **{k[len(_OPT):]: v for k, v in settings.items() if k.startswith(_OPT)})
     if mode not in opt.modes:
         raise ConfigError(f"optimizer {opt.name!r} supports mode(s) {list(opt.modes)}; received mode={mode!r}")

@@ -54,6 +54,17 @@ def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimize
     return frequency
 
 
+#: The distributed optimizer of each mode when ``SparkModel(optimizer=None)``; chosen by
+#: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
+#: progress through an outer Nesterov step and split the batch among the workers.
+DEFAULT_OPTIMIZERS = {"synchronous": "modelaveraging", "asynchronous": "delayednesterov", "hogwild": "downpour"}
+
+
+def default_optimizer(mode: str) -> str:
+    """The distributed optimizer used in ``mode`` when ``SparkModel(optimizer=None)``."""
+    return DEFAULT_OPTIMIZERS[mode]
+
+
 def _check_model(model: Any) -> None:
     try:
         import keras
@@ -81,8 +92,9 @@ class SparkModel:
             (every step), a positive int (local steps per commit) or None
             (default: the optimizer's own window).
         optimizer: a name, config dict or :class:`elephant.optimizers.DistributedOptimizer`;
-            None (default) means model averaging in synchronous mode and
-            DOWNPOUR otherwise.
+            None (default) means model averaging with block momentum in
+            synchronous mode, :class:`~elephant.optimizers.DelayedNesterov` in
+            asynchronous mode and DOWNPOUR in hogwild mode.
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.
         spark: a SparkSession; default: the active one, else an embedded local one.
@@ -90,6 +102,14 @@ class SparkModel:
         read_timeout: seconds a worker waits for a parameter-server reply
             (default 600: a synchronous commit waits for the whole round).
         seed: seed of the shuffle that splits numpy data into shards (default 0).
+        batch_split: whether ``fit(batch_size=B)`` is the global batch, each of
+            ``K`` workers training batches of ``ceil(B / K)`` (as Keras'
+            distribution strategies read ``batch_size``), or every worker's
+            batch. None (default) lets the rule decide: averaging rules
+            (``optimizer.splits_batch``: model averaging, EASGD family, DynSGD)
+            split, so that the workers together take as many optimizer steps per
+            epoch as ``model.fit`` would; DOWNPOUR-like rules, which add every
+            delta whole, do not. The choice is logged at the start of each fit.
     """
 
     def __init__(
@@ -104,13 +124,14 @@ class SparkModel:
         custom_objects: Mapping[str, Any] | None = None,
         read_timeout: float = 600.0,
         seed: int | None = 0,
+        batch_split: bool | None = None,
     ):
         _check_model(model)
         self.model = model
         self.mode = _check_mode(mode)
         self.frequency = _check_frequency(frequency)
         if optimizer is None:
-            optimizer = "modelaveraging" if mode == "synchronous" else "downpour"
+            optimizer = default_optimizer(self.mode)
         self.optimizer = O.get(optimizer)
         if self.mode not in self.optimizer.modes:
             raise ConfigError(
@@ -126,9 +147,13 @@ class SparkModel:
             raise ConfigError(f"`read_timeout` must be a positive number of seconds; received read_timeout={read_timeout!r}")
         self.read_timeout = float(read_timeout)
         self.seed = seed
+        if batch_split is not None and not isinstance(batch_split, bool):
+            raise ConfigError(f"`batch_split` must be True, False or None; received batch_split={batch_split!r}")
+        self.batch_split = batch_split
         self._spark = spark
         self.job_group: str | None = None
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
+        self.fit_plan: dict[str, Any] | None = None  # workers, batch per worker and window of the last fit
         self.last_ledger: list | None = None  # applied (key, attempt) pairs of the last fit, in order
         self.ps_url: str | None = None  # address of the last fit's parameter server
 
@@ -143,6 +168,11 @@ class SparkModel:
     def window(self) -> int | None:
         return resolve_window(self.frequency, self.optimizer)
 
+    @property
+    def splits_batch(self) -> bool:
+        """Whether ``fit``'s ``batch_size`` is divided among the workers (see ``batch_split``)."""
+        return self.optimizer.splits_batch if self.batch_split is None else self.batch_split
+
     def get_settings(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -151,6 +181,7 @@ class SparkModel:
             "num_workers": self.num_workers,
             "read_timeout": self.read_timeout,
             "seed": self.seed,
+            "batch_split": self.batch_split,
         }
 
     def __reduce__(self):
@@ -247,6 +278,6 @@ class SparkModel:
 def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = None) -> SparkModel:
     """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
     model, settings = load_with_settings(filepath, custom_objects)
-    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed"}
+    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split"}
     kwargs = {k: v for k, v in settings.items() if k in known}
     return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)

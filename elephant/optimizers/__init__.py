@@ -14,6 +14,7 @@ AEASGD             ``"aeasgd"``          asynchronous, hogwild                 3
 EAMSGD             ``"eamsgd"``          asynchronous, hogwild                 32
 ModelAveraging     ``"modelaveraging"``  synchronous                           8
 DCASGD             ``"dcasgd"``          asynchronous                          1
+DelayedNesterov    ``"delayednesterov"`` asynchronous                          8
 =================  ====================  ====================================  ======
 """
 
@@ -30,6 +31,7 @@ from elephant.optimizers.base import (
     serialize,
     staleness,
     tree_map,
+    worker_batch_size,
 )
 from elephant.optimizers.downpour import Downpour
 from elephant.optimizers.agn import ADAG_DISTKERAS, AGN
@@ -38,7 +40,9 @@ from elephant.optimizers.dynsgd import DynSGD
 from elephant.optimizers.easgd import AEASGD, EAMSGD, EASGD
 from elephant.optimizers.averaging import ModelAveraging
 from elephant.optimizers.dcasgd import DCASGD
+from elephant.optimizers.delayed_nesterov import DelayedNesterov
 from elephant.optimizers.simulate import ScheduleError, Trace, simulate
+from elephant.optimizers.keras_fit import FitTrace, simulate_fit
 
 __all__ = [
     "MODES",
@@ -63,7 +67,11 @@ __all__ = [
     "EAMSGD",
     "ModelAveraging",
     "DCASGD",
+    "DelayedNesterov",
+    "worker_batch_size",
     "simulate",
+    "simulate_fit",
+    "FitTrace",
     "Trace",
     "ScheduleError",
 ]

@@ -46,6 +46,7 @@ __all__ = [
     "registered_names",
     "staleness",
     "tree_map",
+    "worker_batch_size",
 ]
 
 
@@ -179,6 +180,12 @@ class DistributedOptimizer:
     aliases: ClassVar[tuple[str, ...]] = ()
     modes: ClassVar[tuple[str, ...]] = ("asynchronous", "hogwild")
     default_window: ClassVar[int] = 1
+    #: True for rules whose center moves by about the *mean* of the workers' progress
+    #: (averaging, elastic averaging). ``SparkModel`` then splits the user's batch
+    #: across the workers by default, so that all workers together take as many
+    #: optimizer steps per epoch as ``model.fit`` does (see :func:`worker_batch_size`).
+    #: Rules that add every delta whole (DOWNPOUR) keep the full batch per worker.
+    splits_batch: ClassVar[bool] = False
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         self.window = _check_window(self.default_window if window is None else window)
@@ -235,6 +242,14 @@ class DistributedOptimizer:
         it; ``local`` is duck-typed, so this package needs no Keras import.
         """
         return None
+
+    def describe(self, num_workers: int) -> str:
+        """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
+
+        Rules that apply something on top of the user's optimizer by default (an
+        outer momentum step, say) say so here, with the argument that turns it off.
+        """
+        return repr(self)
 
     # ------------------------------------------------------------ config
     def get_config(self) -> dict[str, Any]:
@@ -350,6 +365,17 @@ def get(identifier: Any, **kwargs: Any) -> DistributedOptimizer:
         return cls.from_config(config)
     except TypeError as exc:
         raise ConfigError(f"invalid arguments for optimizer {name!r}: {exc}") from None
+
+
+def worker_batch_size(batch_size: int, num_workers: int, split: bool) -> int:
+    """Each worker's batch: ``ceil(batch_size / num_workers)`` when ``split``, else ``batch_size``.
+
+    Splitting treats ``batch_size`` as the global batch, as Keras' distribution
+    strategies do: with an averaging rule each worker then takes as many local
+    steps per epoch as ``model.fit`` takes in all, which is what keeps the
+    center's progress per epoch equal to plain training's.
+    """
+    return -(-int(batch_size) // int(num_workers)) if split else int(batch_size)
 
 
 def local_setting(local: Any, name: str) -> Any:

@@ -1,11 +1,13 @@
 """Exact-number tests of synchronous model averaging (optimizers.md §9.7).
 
 Per-worker losses f_k(w) = ½·h_k·(w − t_k)² with t = (1, 3), h = 1 unless stated,
-local SGD η = 0.5, θ̃₀ = 0.
+local SGD η = 0.5, θ̃₀ = 0. These are the paper's averaging (no outer momentum,
+``outer_momentum=0``); the default outer step is tested in test_optimizers_outer.py.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -16,6 +18,7 @@ from elephant.optimizers import Commit, Downpour, ModelAveraging, simulate
 from elephant.optimizers.averaging import post_local_sgd_step
 from elephant.optimizers.simulate import quadratic
 
+Averaging = functools.partial(ModelAveraging, outer_momentum=0.0)
 ETA = 0.5
 TARGETS = [quadratic(1.0), quadratic(3.0)]
 
@@ -27,19 +30,19 @@ def w(value):
 def one_round(window, grads=TARGETS, **kwargs):
     n = len(grads)
     schedule = [("pull", k) for k in range(n)] + [("step", k, window) for k in range(n)] + [("commit", k) for k in range(n)]
-    return simulate(ModelAveraging(window=window), w(0.0), grads, schedule, local_lr=ETA, **kwargs)
+    return simulate(Averaging(window=window), w(0.0), grads, schedule, local_lr=ETA, **kwargs)
 
 
 def test_t9_1_window_one_is_synchronous_minibatch_sgd():
     trace = one_round(1)
     assert [float(v.weights[0]) for v in trace.workers.values()] == [1.0, 1.0]  # adopted the center
     assert float(trace.center[0]) == 0 - ETA * np.mean([0 - 1, 0 - 3]) == 1.0
-    before = simulate(ModelAveraging(window=1), w(0.0), TARGETS, [("pull", 0), ("pull", 1), ("step", 0), ("step", 1)], local_lr=ETA)
+    before = simulate(Averaging(window=1), w(0.0), TARGETS, [("pull", 0), ("pull", 1), ("step", 0), ("step", 1)], local_lr=ETA)
     assert [float(v.weights[0]) for v in before.workers.values()] == [0.5, 1.5]
 
 
 def test_t9_2_window_two():
-    before = simulate(ModelAveraging(), w(0.0), TARGETS, [("pull", 0), ("pull", 1), ("step", 0, 2), ("step", 1, 2)], local_lr=ETA)
+    before = simulate(Averaging(), w(0.0), TARGETS, [("pull", 0), ("pull", 1), ("step", 0, 2), ("step", 1, 2)], local_lr=ETA)
     assert [float(v.weights[0]) for v in before.workers.values()] == [0.75, 2.25]
     assert float(one_round(2).center[0]) == 1.5
 
@@ -66,7 +69,7 @@ def test_t9_3_rounds_are_invariant_to_commit_order():
         schedule = [("pull", k) for k in range(3)]
         for _ in range(5):
             schedule += [("step", k, 2) for k in range(3)] + [("commit", k) for k in order]
-        trace = simulate(ModelAveraging(window=2), w(0.0), grads, schedule, local_lr=0.1, num_samples=[1, 5, 3])
+        trace = simulate(Averaging(window=2), w(0.0), grads, schedule, local_lr=0.1, num_samples=[1, 5, 3])
         results.add(tuple(float(c[0]) for c in trace.centers))
     assert len(results) == 1
 
@@ -95,21 +98,21 @@ def test_t9_5_downpour_under_a_barrier_sums_instead_of_averaging():
     for k, c in commits.items():  # what "DOWNPOUR + barrier" would do
         center, _, _ = Downpour().apply(None, center, 0, k, c)
     assert float(center[0]) == 2.0
-    assert float(ModelAveraging().apply_round(None, w(0.0), 0, commits)[0][0]) == 1.0
+    assert float(Averaging().apply_round(None, w(0.0), 0, commits)[0][0]) == 1.0
     with pytest.raises(ConfigError, match=r"`mode` must be one of \('asynchronous', 'hogwild'\) for Downpour; received mode='synchronous'"):
         simulate(Downpour(), w(0.0), TARGETS, [("pull", 0)], mode="synchronous")
 
 
 def test_t9_6_second_epoch_is_a_plain_mean():
     epoch = [("pull", 0), ("pull", 1), ("step", 0), ("step", 1), ("commit", 0), ("commit", 1), ("finish", 0), ("finish", 1)]
-    trace = simulate(ModelAveraging(window=1), w(0.0), TARGETS, epoch * 2, local_lr=ETA)
+    trace = simulate(Averaging(window=1), w(0.0), TARGETS, epoch * 2, local_lr=ETA)
     # epoch 2 starts at 1.0: workers reach 1.0 and 2.0; dist-keras' stale buffer would give (1 + 1 + 2)/2 = 2
     assert [float(c[0]) for c in trace.centers] == [1.0, 1.5]
 
 
 def test_idle_worker_does_not_dilute_the_mean():
     schedule = [("pull", 0), ("pull", 1), ("step", 0), ("commit", 0), ("commit", 1)]
-    trace = simulate(ModelAveraging(window=1), w(0.0), TARGETS, schedule, local_lr=ETA)
+    trace = simulate(Averaging(window=1), w(0.0), TARGETS, schedule, local_lr=ETA)
     assert float(trace.center[0]) == 0.5 and [a.num_samples for a in trace.applied] == [1, 0]
 
 
@@ -120,5 +123,5 @@ def test_mean_is_weighted_by_samples():
 
 def test_round_with_no_trained_worker_leaves_the_center():
     center = w(2.0)
-    new, replies, _ = ModelAveraging().apply_round(None, center, 0, {0: Commit(w(0.0), 0, 0, 0)})
+    new, replies, _ = Averaging().apply_round(None, center, 0, {0: Commit(w(0.0), 0, 0, 0)})
     assert new is center and replies == {0: None}

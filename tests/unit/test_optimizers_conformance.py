@@ -42,6 +42,7 @@ TABLE = [
     Row("eamsgd", 32, {"alpha": 0.2, "momentum": 0.5}),
     Row("modelaveraging", 8, n1="sequential"),
     Row("dcasgd", 1, {"learning_rate": LR}, n1=("downpour", {"window": 1})),
+    Row("delayednesterov", 8, n1="sequential"),
 ]
 ROWS = {row.name: row for row in TABLE}
 rows = pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])

@@ -193,7 +193,7 @@ def test_stale_attempt_is_409():
 
 
 def test_round_timeout_is_504():
-    store, client = make(mode="synchronous", optimizer=ModelAveraging(), round_timeout=0.1)
+    store, client = make(mode="synchronous", optimizer=ModelAveraging(outer_momentum=0.0), round_timeout=0.1)
     before = snapshot(store)
     response = client.post("/commit", data=commit_body(), headers=AUTH)
     assert response.status_code == 504
@@ -223,7 +223,7 @@ def test_rule_failure_is_500_with_reason():
 
 
 def test_finish_and_its_validation():
-    store, client = make(mode="synchronous", optimizer=ModelAveraging())
+    store, client = make(mode="synchronous", optimizer=ModelAveraging(outer_momentum=0.0))
     ok = client.post("/finish", json={"run": RUN, "epoch": 0, "partition": 1, "attempt": 3}, headers=AUTH)
     assert ok.status_code == 200 and ok.get_json() == {"status": "ok"}
     # partition 1 finished, so a round of partition 0 alone closes at once

@@ -288,7 +288,7 @@ def test_in_process_client_has_the_same_methods_and_errors():
 def test_in_process_and_http_clients_agree_on_a_synchronous_round():
     results = []
     for kind in ("in-process", "http-seam"):
-        store = Store(TEMPLATE, ModelAveraging(), "synchronous", 1, RUN)
+        store = Store(TEMPLATE, ModelAveraging(outer_momentum=0.0), "synchronous", 1, RUN)
         if kind == "in-process":
             client = InProcessClient(store)
         else:
@@ -310,7 +310,7 @@ def test_an_oversized_commit_over_http_is_a_clear_413():
 
 
 def test_a_synchronous_round_over_http_with_three_clients():
-    store = Store(TEMPLATE, ModelAveraging(), "synchronous", 3, RUN, round_timeout=10)
+    store = Store(TEMPLATE, ModelAveraging(outer_momentum=0.0), "synchronous", 3, RUN, round_timeout=10)
     with PSServer(create_app(store, TOKEN)) as server:
 
         def worker(p):

@@ -133,7 +133,7 @@ def test_keep_alive_serves_many_requests_on_one_connection():
 
 
 def test_stop_releases_a_commit_blocked_in_a_round():
-    store, app = make_app(mode="synchronous", optimizer=ModelAveraging())
+    store, app = make_app(mode="synchronous", optimizer=ModelAveraging(outer_momentum=0.0))
     server = PSServer(app).start()
     body = wire.encode_commit(CommitKey(RUN, 0, 0, 0), 1, Commit([np.ones(4, np.float32)], 1, 1, 0)).tobytes()
 

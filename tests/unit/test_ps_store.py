@@ -253,7 +253,7 @@ def test_hogwild_under_threads_counts_every_commit_once():
 
 # -------------------------------------------------------------- synchronous
 def sync_store(num_workers=3, **kwargs):
-    return Store([np.zeros(2)], ModelAveraging(), "synchronous", num_workers, RUN, **kwargs)
+    return Store([np.zeros(2)], ModelAveraging(outer_momentum=0.0), "synchronous", num_workers, RUN, **kwargs)
 
 
 def test_sync_rounds_with_an_early_finisher_and_a_worker_that_trained_nothing():

@@ -61,7 +61,8 @@ def test_elephant_settings_builds_the_optimizer_with_its_params():
     settings = S.elephant_settings({"optimizer": "dynsgd", "optimizer.window": 7, "num_workers": 2})
     assert settings["optimizer"] == O.DynSGD(window=7) and settings["num_workers"] == 2
     assert S.elephant_settings({"mode": "synchronous"})["optimizer"] == O.ModelAveraging()
-    assert S.elephant_settings({"optimizer.window": 3})["optimizer"] == O.Downpour(window=3)
+    assert S.elephant_settings({"optimizer.window": 3})["optimizer"] == O.DelayedNesterov(window=3)
+    assert S.elephant_settings({"mode": "hogwild", "optimizer.window": 3})["optimizer"] == O.Downpour(window=3)
 
 
 @pytest.mark.parametrize(

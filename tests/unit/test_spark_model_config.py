@@ -69,7 +69,7 @@ def test_constructor_errors(model, kwargs, match):
 
 def test_default_optimizer_depends_on_mode(model):
     assert SparkModel(model, mode="synchronous", spark=_NoSpark()).optimizer.name == "modelaveraging"
-    assert SparkModel(model, mode="asynchronous", spark=_NoSpark()).optimizer.name == "downpour"
+    assert SparkModel(model, mode="asynchronous", spark=_NoSpark()).optimizer.name == "delayednesterov"
     assert SparkModel(model, mode="hogwild", spark=_NoSpark()).optimizer.name == "downpour"
 
 

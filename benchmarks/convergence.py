@@ -1,0 +1,224 @@
+"""Convergence at equal epochs: every mode's default and every named rule against plain Keras.
+
+Five workloads (``benchmarks/workloads.py``: digits MLP with Adam, generated signals with a
+Conv1D and SGD-momentum, generated shapes with a Conv2D and RMSprop, Friedman regression
+with Adam, overlapping tabular classes with SGD-momentum), each compiled as a user would
+and never tuned per rule. For each workload and seed we train:
+
+* plain Keras ``model.fit`` (the reference), and
+* every configuration in ``CONFIGS``: each mode's default, ``frequency="epoch"`` in each
+  mode, and every registered rule at its own default window and settings,
+
+from the same initial weights for the same epochs, and record the test metric of the
+center after every epoch. Two engines:
+
+* ``--engine sim`` (default): :func:`elephant.optimizers.simulate_fit`, the in-process
+  simulator with one Keras replica per worker (2, 4 and 8 workers, 3 seeds);
+* ``--engine spark``: the real thing, ``SparkModel.fit`` on a local Spark session with
+  as many task slots as workers, timed side by side with plain Keras on the same cores.
+  Its rows are also compared with the simulator's (same configuration and seed).
+
+Run::
+
+    python benchmarks/convergence.py                       # simulator grid (~30 min on 2 cores)
+    python benchmarks/convergence.py --engine spark        # defaults on Spark, 2 and 4 workers
+    python benchmarks/convergence.py --report              # table, plots, README section only
+    python benchmarks/convergence.py --workloads digits-mlp --workers 2 --seeds 0 --configs sync-default
+
+Results go to ``benchmarks/results/convergence_<engine>.json``; ``--report`` (also run at the
+end of every full run) writes ``convergence.md`` and one PNG per workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+RESULTS = os.path.join(HERE, "results")
+
+import workloads as WL  # noqa: E402
+
+# name -> SparkModel keyword arguments (None optimizer: the mode's default).
+CONFIGS: dict[str, dict] = {
+    "sync-default": dict(mode="synchronous"),
+    "sync-epoch": dict(mode="synchronous", frequency="epoch"),
+    "async-default": dict(mode="asynchronous"),
+    "async-epoch": dict(mode="asynchronous", frequency="epoch"),
+    "downpour": dict(mode="asynchronous", optimizer="downpour"),
+    "agn": dict(mode="asynchronous", optimizer="agn"),
+    "adag": dict(mode="asynchronous", optimizer="adag"),
+    "dynsgd": dict(mode="asynchronous", optimizer="dynsgd"),
+    "easgd": dict(mode="synchronous", optimizer="easgd"),
+    "aeasgd": dict(mode="asynchronous", optimizer="aeasgd"),
+    "eamsgd": dict(mode="asynchronous", optimizer="eamsgd"),
+    "modelaveraging": dict(mode="synchronous", optimizer="modelaveraging"),
+    "dcasgd": dict(mode="asynchronous", optimizer="dcasgd"),
+}
+DEFAULT_CONFIGS = ("sync-default", "sync-epoch", "async-default", "async-epoch")
+
+
+def _key(row) -> tuple:
+    return (row["workload"], row["config"], row["workers"], row["seed"])
+
+
+def plain_keras(wl, seed: int) -> dict:
+    model = wl.build(seed)
+    curve, t0 = [], time.perf_counter()
+    train_seconds = 0.0
+    for _ in range(wl.epochs):
+        t = time.perf_counter()
+        model.fit(wl.x, wl.y, batch_size=wl.batch_size, epochs=1, verbose=0, shuffle=True)
+        train_seconds += time.perf_counter() - t
+        curve.append(wl.score(model.evaluate(wl.x_test, wl.y_test, batch_size=wl.batch_size, verbose=0, return_dict=True)))
+    return {"curve": curve, "final": curve[-1], "seconds": train_seconds, "wall": time.perf_counter() - t0}
+
+
+def run_sim(wl, config: dict, workers: int, seed: int) -> dict:
+    from elephant.optimizers import simulate_fit
+
+    t0 = time.perf_counter()
+    fit = simulate_fit(wl.build(seed), wl.x, wl.y, epochs=wl.epochs, batch_size=wl.batch_size, num_workers=workers,
+                       seed=seed, validation_data=(wl.x_test, wl.y_test), **config)
+    curve = fit.history["val_" + wl.metric]
+    return {"curve": curve, "final": curve[-1], "seconds": time.perf_counter() - t0,
+            "updates": int(sum(fit.history["updates"])), "window": fit.window, "optimizer": repr(fit.optimizer)}
+
+
+def _spark(slots: int):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    return (
+        SparkSession.builder.master(f"local[{slots}]")
+        .appName("elephant-convergence")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.daemon.module", "elephant.daemon")
+        .getOrCreate()
+    )
+
+
+def run_spark(wl, config: dict, workers: int, seed: int, spark) -> dict:
+    from elephant import SparkModel
+
+    sm = SparkModel(wl.build(seed), num_workers=workers, spark=spark, seed=seed, **config)
+    t0 = time.perf_counter()
+    history = sm.fit(wl.x, wl.y, epochs=wl.epochs, batch_size=wl.batch_size,
+                     validation_data=(wl.x_test, wl.y_test), verbose=0)
+    seconds = time.perf_counter() - t0
+    curve = [float(v) for v in history.history["val_" + wl.metric]]
+    # validation runs on the driver inside fit; subtract nothing: plain Keras' timing above
+    # includes its own per-epoch evaluation in `wall`, and we compare fit-only seconds below.
+    return {"curve": curve, "final": curve[-1], "seconds": seconds, "window": sm.window,
+            "optimizer": repr(sm.optimizer), "worker_batch_size": (sm.fit_plan or {}).get("worker_batch_size")}
+
+
+def _warm_up(spark, workers: int) -> None:
+    """One tiny fit, so Python workers have started and imported TensorFlow before timing."""
+    from elephant import SparkModel
+
+    wl = WL.make("digits-mlp")
+    SparkModel(wl.build(0), num_workers=workers, spark=spark).fit(wl.x[:256], wl.y[:256], epochs=1, verbose=0)
+
+
+def run(args) -> None:
+    path = os.path.join(RESULTS, f"convergence_{args.engine}{'_' + args.tag if args.tag else ''}.json")
+    done = {}
+    if os.path.exists(path) and not args.fresh:
+        with open(path) as f:
+            for row in json.load(f)["rows"]:
+                done[_key(row)] = row
+    spark = None
+    for name in args.workloads:
+        wl = WL.make(name)
+        for seed in args.seeds:
+            key = (name, "plain", 0, seed)
+            if key not in done:
+                row = {"workload": name, "config": "plain", "workers": 0, "seed": seed, **plain_keras(wl, seed)}
+                done[key] = row
+                print(f"{name} seed {seed} plain keras {row['final']:.4f} in {row['seconds']:.1f}s", flush=True)
+            for workers in args.workers:
+                if args.engine == "spark" and (spark is None or spark.sparkContext.defaultParallelism != workers):
+                    spark = _spark(workers)
+                    _warm_up(spark, workers)
+                for config in args.configs:
+                    key = (name, config, workers, seed)
+                    if key in done:
+                        continue
+                    row = {"workload": name, "config": config, "workers": workers, "seed": seed, "engine": args.engine}
+                    try:
+                        if args.engine == "sim":
+                            row.update(run_sim(wl, CONFIGS[config], workers, seed))
+                        else:
+                            row.update(run_spark(wl, CONFIGS[config], workers, seed, spark))
+                    except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
+                        traceback.print_exc()
+                        row.update(error=f"{type(exc).__name__}: {exc}")
+                    done[key] = row
+                    base = done[(name, "plain", 0, seed)]["final"]
+                    final = row.get("final", float("nan"))
+                    print(f"{name} seed {seed} K={workers} {config:15s} {final:.4f} ({final - base:+.4f}) "
+                          f"in {row.get('seconds', float('nan')):.1f}s", flush=True)
+                    _save(path, args.engine, done)
+    _save(path, args.engine, done)
+    if spark is not None:
+        spark.stop()
+
+
+def _save(path, engine, done) -> None:
+    os.makedirs(RESULTS, exist_ok=True)
+    meta = {"engine": engine, "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M")}
+    with open(path + ".tmp", "w") as f:
+        json.dump({"meta": meta, "rows": sorted(done.values(), key=lambda r: tuple(map(str, _key(r))))}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=["sim", "spark"], default="sim")
+    parser.add_argument("--workloads", nargs="+", default=list(WL.NAMES), choices=list(WL.NAMES))
+    parser.add_argument("--configs", nargs="*", default=None)
+    parser.add_argument("--tag", default="", help="suffix of the results file, for runs in parallel processes")
+    parser.add_argument("--workers", nargs="+", type=int, default=None)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--fresh", action="store_true", help="ignore rows already in the results file")
+    parser.add_argument("--extra", nargs="*", default=[], metavar="NAME=JSON",
+                        help='more configurations, e.g. \'ma-nesterov={"mode": "synchronous", "optimizer": '
+                             '{"name": "modelaveraging", "config": {"outer_momentum": 0.9}}}\'')
+    parser.add_argument("--report", action="store_true", help="only write the report from saved results")
+    args = parser.parse_args()
+    for item in args.extra:
+        name, _, spec = item.partition("=")
+        CONFIGS[name] = json.loads(spec)
+    if args.configs is None:
+        args.configs = list(CONFIGS) if args.engine == "sim" else list(DEFAULT_CONFIGS)
+    if args.workers is None:
+        args.workers = [2, 4, 8] if args.engine == "sim" else [2, 4]
+    args.configs = [*args.configs, *(item.partition("=")[0] for item in args.extra)]
+    unknown = sorted(set(args.configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; known: {sorted(CONFIGS)}")
+    if not args.report:
+        run(args)
+    import report_convergence
+
+    report_convergence.write()

@@ -1,0 +1,181 @@
+"""Tables and plots from ``results/convergence_{sim,spark}.json`` (see ``convergence.py``).
+
+``python benchmarks/report_convergence.py`` writes ``results/convergence.md`` (one table per
+engine: mean final metric over seeds, its spread, the delta to plain Keras, the epochs to reach
+plain Keras' final metric within one point, the time ratio for Spark rows) and one PNG per
+workload with the center's test metric after every epoch beside plain Keras'.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+# Targets of the accuracy-parity work: defaults within 1 point (5 % relative for a loss),
+# named rules within 2 points.
+DEFAULTS = ("sync-default", "sync-epoch", "async-default", "async-epoch")
+
+
+def _load(engine: str) -> list[dict]:
+    """Rows of ``convergence_<engine>.json`` and of its tagged parts (``convergence_<engine>_<tag>.json``)."""
+    rows = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, f"convergence_{engine}*.json"))):
+        with open(path) as f:
+            for row in json.load(f)["rows"]:
+                rows[(row["workload"], row["config"], row["workers"], row["seed"])] = row
+    return list(rows.values())
+
+
+def _higher_is_better(workload: str) -> bool:
+    return "regression" not in workload
+
+
+def gap(workload: str, value: float, reference: float) -> float:
+    """Signed shortfall against plain Keras: accuracy points, or percent of the loss (positive = better)."""
+    if _higher_is_better(workload):
+        return 100.0 * (value - reference)
+    return 100.0 * (reference - value) / reference
+
+
+def meets(workload: str, config: str, value: float, reference: float) -> bool:
+    return gap(workload, value, reference) >= -(1.0 if config in DEFAULTS else 2.0) * (
+        1.0 if _higher_is_better(workload) else 5.0)
+
+
+def _epochs_to_reach(workload: str, curve: list[float], reference: float) -> int | None:
+    for epoch, value in enumerate(curve, 1):
+        if (_higher_is_better(workload) and value >= reference - 0.01) or (
+            not _higher_is_better(workload) and value <= reference * 1.05
+        ):
+            return epoch
+    return None
+
+
+def summarise(rows: list[dict]) -> dict:
+    """``(workload, config, workers) -> stats`` over seeds, with plain Keras on the same seeds."""
+    plain = {(r["workload"], r["seed"]): r for r in rows if r["config"] == "plain"}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["config"] != "plain" and "final" in r and (r["workload"], r["seed"]) in plain:
+            groups[(r["workload"], r["config"], r["workers"])].append(r)
+    out = {}
+    for (workload, config, workers), runs in groups.items():
+        finals = np.array([r["final"] for r in runs])
+        refs = np.array([plain[(workload, r["seed"])]["final"] for r in runs])
+        gaps = np.array([gap(workload, f, p) for f, p in zip(finals, refs)])
+        reach = [_epochs_to_reach(workload, r["curve"], plain[(workload, r["seed"])]["final"]) for r in runs]
+        ratios = [r["seconds"] / plain[(workload, r["seed"])]["seconds"] for r in runs if r.get("engine") == "spark"]
+        out[(workload, config, workers)] = {
+            "final": float(finals.mean()), "spread": float(finals.max() - finals.min()),
+            "plain": float(refs.mean()), "gap": float(gaps.mean()), "seeds": len(runs),
+            "reach": None if None in reach else float(np.mean(reach)),
+            "ratio": float(np.mean(ratios)) if ratios else None,
+            "meets": meets(workload, config, float(finals.mean()), float(refs.mean())),
+            "curve": np.mean([r["curve"] for r in runs], axis=0).tolist(),
+            "plain_curve": np.mean([plain[(workload, r["seed"])]["curve"] for r in runs], axis=0).tolist(),
+        }
+    return out
+
+
+def table(summary: dict, engine: str) -> str:
+    lines = [
+        f"### {engine}",
+        "",
+        "Mean over seeds of the final test metric (accuracy; MSE for the regression), its spread "
+        "(max − min), the gap to plain Keras on the same seeds (accuracy points, or percent of the "
+        "loss; negative = worse), the epochs until the center is within one point (5 % of the loss) "
+        "of plain Keras' final value, and whether the target holds (defaults 1 point, rules 2 points)."
+        + (" Time ratio: elephant's fit wall time over plain Keras' `fit` time, same cores, same run." if engine == "spark" else ""),
+        "",
+        "| workload | configuration | workers | final | spread | plain Keras | gap | epochs to reach | "
+        + ("time ratio | " if engine == "spark" else "") + "target |",
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if engine == "spark" else "") + "---|",
+    ]
+    for (workload, config, workers), s in sorted(summary.items()):
+        reach = "never" if s["reach"] is None else f"{s['reach']:.1f}"
+        ratio = (f"{s['ratio']:.2f} | " if s["ratio"] is not None else "– | ") if engine == "spark" else ""
+        lines.append(
+            f"| {workload} | {config} | {workers} | {s['final']:.4f} | {s['spread']:.4f} | {s['plain']:.4f} | "
+            f"{s['gap']:+.1f} | {reach} | {ratio}{'met' if s['meets'] else '**missed**'} |"
+        )
+    return "\n".join(lines)
+
+
+def compare(sim: dict, spark: dict) -> str:
+    lines = [
+        "### simulator vs Spark",
+        "",
+        "Same workload, configuration, workers and seeds; the difference of the mean final metric "
+        "(accuracy points; percent of the loss for the regression).",
+        "",
+        "| workload | configuration | workers | Spark | simulator | difference | within 2 points |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for key in sorted(set(sim) & set(spark)):
+        a, b = spark[key], sim[key]
+        diff = gap(key[0], b["final"], a["final"])
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {a['final']:.4f} | {b['final']:.4f} | {diff:+.1f} | "
+                     f"{'yes' if abs(diff) <= (2.0 if _higher_is_better(key[0]) else 10.0) else '**no**'} |")
+    return "\n".join(lines)
+
+
+def plots(summary: dict, engine: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    workloads = sorted({k[0] for k in summary})
+    for workload in workloads:
+        keys = [k for k in summary if k[0] == workload]
+        workers = sorted({k[2] for k in keys})
+        fig, axes = plt.subplots(1, len(workers), figsize=(5.2 * len(workers), 4.2), squeeze=False, sharey=True)
+        for ax, k in zip(axes[0], workers):
+            mine = sorted(c for c in keys if c[2] == k)
+            plain = summary[mine[0]]["plain_curve"]
+            ax.plot(range(1, len(plain) + 1), plain, color="black", linewidth=2.5, label="plain Keras")
+            for key in mine:
+                s = summary[key]
+                style = "-" if key[1] in DEFAULTS else ":"
+                ax.plot(range(1, len(s["curve"]) + 1), s["curve"], style, linewidth=1.4 if style == "-" else 1.1,
+                        label=f"{key[1]} ({s['gap']:+.1f})")
+            ax.set_title(f"{workload}, {k} workers ({engine})")
+            ax.set_xlabel("epoch")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6.5, loc="lower right" if _higher_is_better(workload) else "upper right")
+        axes[0][0].set_ylabel("test accuracy" if _higher_is_better(workload) else "test MSE")
+        fig.tight_layout()
+        path = os.path.join(RESULTS, f"convergence_{engine}_{workload}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write() -> None:
+    sections, summaries = [], {}
+    for engine in ("sim", "spark"):
+        rows = _load(engine)
+        if not rows:
+            continue
+        summaries[engine] = summarise(rows)
+        sections.append(table(summaries[engine], engine))
+        plots(summaries[engine], engine)
+    if "sim" in summaries and "spark" in summaries:
+        sections.append(compare(summaries["sim"], summaries["spark"]))
+    with open(os.path.join(RESULTS, "convergence.md"), "w") as f:
+        f.write("# Convergence benchmark results\n\nWritten by `benchmarks/report_convergence.py`.\n\n")
+        f.write("\n\n".join(sections) + "\n")
+    print("\n\n".join(sections))
+
+
+if __name__ == "__main__":
+    write()

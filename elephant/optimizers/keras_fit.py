@@ -1,0 +1,187 @@
+"""Simulate a whole distributed fit of a Keras model in one process.
+
+:func:`simulate_fit` takes the arguments of ``SparkModel(...).fit(...)`` and
+plays the fit through :func:`~elephant.optimizers.simulate` with one Keras
+replica per worker, rebuilt from the model's ``.keras`` archive exactly as a
+Spark task rebuilds it (so each replica keeps its own compiled optimizer and
+its state across windows and epochs, as a cached worker model does). The data
+are split into the same shards as :meth:`elephant.SparkModel.fit` splits numpy
+input, each worker reshuffles its shard every epoch and commits after every
+``window`` steps plus a flushed partial window, and the workers are interleaved
+as equally fast machines would be (``schedules.timed``; give ``step_times`` for
+heterogeneous ones). Nothing but the model and numpy is needed: no Spark, no
+HTTP. A researcher can try a rule, a window or a worker count here before
+booking a cluster; ``benchmarks/convergence.py`` compares the two.
+
+Keras is imported only when the function runs, so importing this package stays
+numpy-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from elephant.errors import ConfigError
+from elephant.optimizers.base import MODES, DistributedOptimizer, get, worker_batch_size
+from elephant.optimizers.schedules import timed
+from elephant.optimizers.simulate import Trace, simulate
+
+__all__ = ["simulate_fit", "FitTrace"]
+
+
+@dataclasses.dataclass
+class FitTrace:
+    """What :func:`simulate_fit` returns.
+
+    Attributes:
+        history: per-epoch values, as ``keras.callbacks.History.history``: the
+            center's ``val_*`` metrics when ``validation_data`` was given, and
+            ``updates`` (commits or rounds applied in the epoch).
+        centers: the center weights at the end of every epoch.
+        trace: the simulator's :class:`~elephant.optimizers.Trace` of the whole fit.
+        optimizer: the distributed optimizer that ran; ``window`` the local steps
+            per commit (None: one commit per pass).
+    """
+
+    history: dict[str, list[float]]
+    centers: list[list[np.ndarray]]
+    trace: Trace
+    optimizer: DistributedOptimizer
+    window: int | None
+
+
+class _Replica:
+    """One simulated worker: a rebuilt Keras model and its shard, reshuffled every epoch."""
+
+    def __init__(self, model, x, y, batch_size: int, rng: np.random.Generator, shuffle: bool):
+        from elephant import data as D
+
+        self.model, self.x, self.y = model, x, y
+        self.batch_size, self.rng, self.shuffle = batch_size, rng, shuffle
+        self.n = D.num_samples(x)
+        self.order = np.arange(self.n)
+        self.position = self.n  # the first step starts a pass
+        self.last_weights: list[np.ndarray] | None = None
+        model.make_train_function()
+
+    def train_step(self, weights):
+        from elephant import data as D
+
+        if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
+            self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
+            self.position = 0
+        if weights is not self.last_weights:  # a pull or a reply replaced the local weights
+            self.model.set_weights(weights)
+        index = self.order[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        batch = (D.take(self.x, index), D.take(self.y, index), None)
+        self.model.train_function(iter([batch]))
+        self.last_weights = self.model.get_weights()
+        return self.last_weights
+
+
+def _keras_step(weights, replica: _Replica, slots):
+    return replica.train_step(weights), slots
+
+
+def simulate_fit(
+    model,
+    x,
+    y,
+    *,
+    epochs: int = 1,
+    batch_size: int = 32,
+    mode: str = "asynchronous",
+    optimizer: Any = None,
+    frequency: str | int | None = None,
+    num_workers: int = 2,
+    seed: int | None = 0,
+    shuffle: bool = True,
+    validation_data: tuple | None = None,
+    step_times: Sequence[float] | None = None,
+    custom_objects=None,
+    batch_split: bool | None = None,
+) -> FitTrace:
+    """Play ``SparkModel(model, mode, frequency, optimizer, num_workers, seed=seed).fit(x, y, ...)`` in-process.
+
+    Args:
+        model: a compiled Keras model; its weights are the starting center and,
+            as after ``SparkModel.fit``, it holds the final center at the end.
+        x, y: numpy training data (split into ``num_workers`` shards with
+            ``seed``, as ``SparkModel.fit`` splits numpy input).
+        epochs, batch_size, shuffle: as in ``fit``.
+        mode, optimizer, frequency: as in ``SparkModel`` (same defaults).
+        num_workers: simulated workers. Default 2.
+        seed: shard split seed, also seeds the per-epoch shuffles. Default 0.
+        validation_data: ``(x_val, y_val)``; the center is evaluated on it after
+            every epoch and the results go to ``history`` as ``val_*``.
+        step_times: time per local step for each worker (default: all equal).
+        custom_objects, batch_split: as in ``SparkModel``.
+
+    Returns:
+        A :class:`FitTrace`.
+
+    Raises:
+        ConfigError: an argument is invalid or the optimizer does not support ``mode``.
+    """
+    from elephant import data as D
+    from elephant.model_io import model_from_bytes, model_to_bytes
+    from elephant.spark_model import default_optimizer, resolve_window, _check_frequency, _check_positive_int
+
+    if mode not in MODES:
+        raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
+    epochs = _check_positive_int("epochs", epochs)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    num_workers = _check_positive_int("num_workers", num_workers)
+    frequency = _check_frequency(frequency)
+    opt = get(default_optimizer(mode) if optimizer is None else optimizer)
+    if mode not in opt.modes:
+        raise ConfigError(f"optimizer {opt.name!r} supports mode(s) {list(opt.modes)}; received mode={mode!r}")
+    D.check_xy(x, y)
+    window = resolve_window(frequency, opt)
+    split = opt.splits_batch if batch_split is None else bool(batch_split)
+    global_batch, batch_size = batch_size, worker_batch_size(batch_size, num_workers, split)
+    shards = D.split_numpy(x, y, num_workers, seed=seed)
+    archive = model_to_bytes(model)
+    rng = np.random.default_rng(None if seed is None else seed + 1)
+    replicas = [
+        _Replica(model_from_bytes(archive, custom_objects), sx, sy, batch_size, np.random.default_rng(rng.integers(2**32)), shuffle)
+        for sx, sy in shards
+    ]
+    times = list(step_times) if step_times is not None else [1.0] * num_workers
+    if len(times) != num_workers:
+        raise ConfigError(f"`step_times` must give one time per worker ({num_workers}); received {len(times)}")
+
+    steps = [-(-r.n // batch_size) for r in replicas]
+    schedule: list[tuple] = []
+    epoch_ends: list[int] = []  # index into trace.centers of each epoch's last update
+    updates = 0
+    for _ in range(epochs):
+        per_epoch = timed(times, window or max(steps), steps)
+        commits = [sum(1 for e in per_epoch if e == ("commit", k)) for k in range(num_workers)]
+        updates += max(commits) if mode == "synchronous" else sum(commits)
+        epoch_ends.append(updates)
+        schedule += per_epoch
+
+    trace = simulate(
+        opt, model.get_weights(), replicas, schedule, mode=mode, num_workers=num_workers,
+        local_step=_keras_step, num_samples=[batch_size] * num_workers, on_blocked="defer",
+    )
+
+    centers = [trace.centers[i - 1] if i else model.get_weights() for i in epoch_ends]
+    history: dict[str, list[float]] = {"updates": []}
+    previous = 0
+    for weights, end in zip(centers, epoch_ends, strict=True):
+        history["updates"].append(float(end - previous))
+        previous = end
+        if validation_data is not None:
+            model.set_weights(weights)
+            logs = model.evaluate(*validation_data[:2], batch_size=global_batch, verbose=0, return_dict=True)
+            for key, value in logs.items():
+                history.setdefault(f"val_{key}", []).append(float(value))
+    model.set_weights(trace.center)
+    return FitTrace(history=history, centers=centers, trace=trace, optimizer=opt, window=window)

@@ -1,0 +1,78 @@
+"""Outer optimizers: a server-side momentum step on a round's pseudo-gradient.
+
+After a synchronous round (or, asynchronously, after a commit) the rule has a
+*mean delta* ``d`` -- the direction the workers moved the center, which is
+minus the pseudo-gradient ``Δ`` of DiLoCo and SlowMo. Plain averaging applies
+``θ ← θ + d``. An outer momentum step keeps a buffer ``u`` on the server::
+
+    u ← β·u + d
+    θ ← θ + α·(d + β·u)      (Nesterov, the default)
+    θ ← θ + α·u              (heavy ball, ``nesterov=False``)
+
+With ``α = 1, β = 0`` both are plain averaging. In steady state the center
+moves about ``α / (1 − β)`` times ``d`` per round. This is the rule of DiLoCo
+(Douillard et al., 2023: Nesterov, α 0.7, β 0.9) and SlowMo (Wang et al., ICLR
+2020); BMUF (Chen & Huo, 2016) is the heavy-ball form with β = 1 − 1/K.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from elephant.errors import ConfigError
+from elephant.optimizers.base import Weights, check_number, tree_map
+
+__all__ = ["OuterMomentum"]
+
+
+class OuterMomentum:
+    """The server's momentum step over mean deltas (see the module docstring).
+
+    Args:
+        learning_rate: α > 0.
+        momentum: β in [0, 1), or None for ``1 − 1/K`` with ``K`` workers
+            (BMUF's block momentum: plain averaging with one worker).
+        nesterov: Nesterov (default) or heavy-ball momentum.
+    """
+
+    def __init__(self, learning_rate: float, momentum: float | None, nesterov: bool = True):
+        self.learning_rate = check_number("outer_lr", learning_rate, low=0.0, low_open=True)
+        self.momentum = None if momentum is None else check_number(
+            "outer_momentum", momentum, low=0.0, high=1.0, high_open=True)
+        if not isinstance(nesterov, bool):
+            raise ConfigError(f"`nesterov` must be True or False; received nesterov={nesterov!r}")
+        self.nesterov = nesterov
+
+    def resolve_momentum(self, num_workers: int) -> float:
+        """β for a fit with ``num_workers`` workers."""
+        return 1.0 - 1.0 / max(int(num_workers), 1) if self.momentum is None else self.momentum
+
+    def describe(self, num_workers: int) -> str:
+        beta = self.resolve_momentum(num_workers)
+        if self.learning_rate == 1.0 and beta == 0.0:
+            return "plain averaging (no outer step)"
+        kind = "Nesterov" if self.nesterov else "heavy-ball"
+        auto = f" = 1 - 1/{num_workers}" if self.momentum is None else ""
+        return (f"outer {kind} step on the mean delta: outer_lr={self.learning_rate:g}, outer_momentum={beta:g}{auto} "
+                "(outer_momentum=0 turns it off)")
+
+    def init(self, center: Weights, num_workers: int) -> Any:
+        """Server state: ``None`` for plain averaging, else ``{"momentum": β, "buffer": u}``."""
+        beta = self.resolve_momentum(num_workers)
+        if self.learning_rate == 1.0 and beta == 0.0:
+            return None
+        return {"momentum": beta, "buffer": [np.zeros_like(c) for c in center]}
+
+    def step(self, state: Any, center: Weights, delta: Weights) -> tuple[Weights, Any]:
+        """``(new_center, new_state)`` after applying the mean delta ``delta``."""
+        if state is None:
+            return tree_map(lambda c, d: c + d, center, delta), None
+        alpha, beta = self.learning_rate, state["momentum"]
+        buffer = tree_map(lambda u, d: beta * u + d, state["buffer"], delta)
+        if self.nesterov:
+            center = tree_map(lambda c, d, u: c + alpha * (d + beta * u), center, delta, buffer)
+        else:
+            center = tree_map(lambda c, u: c + alpha * u, center, buffer)
+        return center, {"momentum": beta, "buffer": buffer}

@@ -1,0 +1,127 @@
+"""Exact-number tests of the outer momentum step, averaging with it, and DelayedNesterov.
+
+Deltas are chosen by hand so every center can be written down: the server's outer step
+sees the round's mean delta ``d`` and keeps ``u``; Nesterov: ``u ← βu + d``,
+``θ ← θ + α(d + βu)``; heavy ball: ``θ ← θ + αu``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elephant.errors import ConfigError
+from elephant.optimizers import Commit, DelayedNesterov, ModelAveraging, get, simulate, worker_batch_size
+from elephant.optimizers.outer import OuterMomentum
+from elephant.optimizers.schedules import round_robin
+from elephant.optimizers.simulate import quadratic
+
+
+def w(value):
+    return [np.array(value, dtype=np.float64)]
+
+
+def rounds(opt, deltas, num_workers=2):
+    """Apply synchronous rounds whose workers all sent the same delta; return the centers."""
+    state, center, out = opt.server_init(w(0.0), num_workers), w(0.0), []
+    for clock, d in enumerate(deltas):
+        commits = {k: Commit(w(d), 1, 1, clock) for k in range(num_workers)}
+        center, _, state = opt.apply_round(state, center, clock, commits)
+        out.append(float(center[0]))
+    return out
+
+
+def test_nesterov_outer_step_by_hand():
+    # α = 0.5, β = 0.5, d = 1 each round: u = 1, 1.5, 1.75; steps 0.5·(1 + 0.5), 0.5·(1 + 0.75), 0.5·(1 + 0.875)
+    got = rounds(ModelAveraging(outer_lr=0.5, outer_momentum=0.5), [1.0, 1.0, 1.0])
+    assert got == pytest.approx([0.75, 0.75 + 0.875, 0.75 + 0.875 + 0.9375], rel=1e-15)
+
+
+def test_heavy_ball_outer_step_by_hand():
+    got = rounds(ModelAveraging(outer_lr=0.5, outer_momentum=0.5, nesterov=False), [1.0, 1.0, -1.0])
+    # u = 1, 1.5, -0.25 → θ = 0.5, 1.25, 1.125
+    assert got == pytest.approx([0.5, 1.25, 1.125], rel=1e-15)
+
+
+def test_plain_averaging_keeps_no_buffer():
+    opt = ModelAveraging(outer_lr=1.0, outer_momentum=0.0)
+    assert opt.server_init(w(0.0), 4) is None
+    assert rounds(opt, [1.0, 2.0]) == [1.0, 3.0]
+
+
+@pytest.mark.parametrize("workers, beta", [(1, 0.0), (2, 0.5), (4, 0.75), (8, 0.875)])
+def test_block_momentum_default_is_one_minus_one_over_k(workers, beta):
+    assert OuterMomentum(1.0, None).resolve_momentum(workers) == beta
+    state = ModelAveraging(outer_momentum=None).server_init(w(0.0), workers)
+    assert (state is None) if workers == 1 else state["momentum"] == beta
+
+
+def test_outer_momentum_with_one_worker_is_sequential_sgd():
+    """β = 1 − 1/K is 0 for K = 1, so the default outer step leaves averaging exact."""
+    schedule = [("pull", 0)] + [("step", 0, 2), ("commit", 0)] * 3
+    trace = simulate(ModelAveraging(window=2, outer_momentum=None), w(0.0), quadratic(3.0), schedule, local_lr=0.1)
+    assert float(trace.center[0]) == pytest.approx(3 * (1 - 0.9**6), rel=1e-12)
+
+
+def test_outer_momentum_moves_further_than_averaging_on_a_quadratic():
+    grads = [quadratic(1.0), quadratic(3.0)]
+    plain = simulate(ModelAveraging(window=2, outer_momentum=0.0), w(0.0), grads, round_robin(2, 2, 3), mode="synchronous",
+                     local_lr=0.05, on_blocked="defer")
+    outer = simulate(ModelAveraging(window=2, outer_momentum=None), w(0.0), grads, round_robin(2, 2, 3), mode="synchronous",
+                     local_lr=0.05, on_blocked="defer")
+    assert 0 < float(plain.center[0]) < float(outer.center[0]) < 2.0 + 1e-9
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"outer_lr": 0.0}, r"`outer_lr` must be a real number in \(0, inf\); received outer_lr=0.0"),
+        ({"outer_momentum": 1.0}, r"`outer_momentum` must be a real number in \[0, 1\); received outer_momentum=1.0"),
+        ({"nesterov": "yes"}, r"`nesterov` must be True or False; received nesterov='yes'"),
+    ],
+)
+def test_outer_arguments_are_validated(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelAveraging(**kwargs)
+
+
+# ----------------------------------------------------------------- DelayedNesterov
+def test_delayed_nesterov_scales_each_commit_and_adds_momentum_every_k_commits():
+    opt = DelayedNesterov(outer_lr=1.0, outer_momentum=0.5)
+    state, center = opt.server_init(w(0.0), 2), w(0.0)
+    centers = []
+    for clock, d in enumerate([2.0, 4.0, 2.0, 4.0]):
+        center, _, state = opt.apply(state, center, clock, clock % 2, Commit(w(d), 1, 1, clock))
+        centers.append(float(center[0]))
+    # commit 1: +2/2 = 1. commit 2: +4/2 → 3, then u = 3, +0.5·3 → 4.5.
+    # commit 3: +1 → 5.5. commit 4: +2 → 7.5, u = 0.5·3 + 3 = 4.5, +2.25 → 9.75.
+    assert centers == [1.0, 4.5, 5.5, 9.75]
+
+
+def test_delayed_nesterov_equals_a_synchronous_round_when_deltas_share_a_start():
+    deltas = [0.3, -1.1, 2.0]
+    sync = ModelAveraging(outer_lr=0.7, outer_momentum=0.9)
+    s_state = sync.server_init(w(0.0), 3)
+    s_center, _, s_state = sync.apply_round(s_state, w(0.0), 0, {k: Commit(w(d), 1, 1, 0) for k, d in enumerate(deltas)})
+    asyn = DelayedNesterov(outer_lr=0.7, outer_momentum=0.9)
+    a_state, a_center = asyn.server_init(w(0.0), 3), w(0.0)
+    for k, d in enumerate(deltas):
+        a_center, _, a_state = asyn.apply(a_state, a_center, k, k, Commit(w(d), 1, 1, 0))
+    assert float(a_center[0]) == pytest.approx(float(s_center[0]), rel=1e-12)
+
+
+def test_delayed_nesterov_with_one_worker_is_sequential():
+    schedule = [("pull", 0)] + [("step", 0, 3), ("commit", 0)] * 2
+    trace = simulate(DelayedNesterov(window=3), w(0.0), quadratic(3.0), schedule, local_lr=0.1)
+    assert float(trace.center[0]) == pytest.approx(3 * (1 - 0.9**6), rel=1e-12)
+
+
+def test_averaging_rules_split_the_batch_and_additive_rules_do_not():
+    assert get("modelaveraging").splits_batch and get("delayednesterov").splits_batch
+    assert not get("downpour").splits_batch and not get("dcasgd").splits_batch
+
+
+@pytest.mark.parametrize("batch, workers, split, expected", [(32, 2, True, 16), (32, 3, True, 11), (5, 8, True, 1),
+                                                             (32, 4, False, 32)])
+def test_worker_batch_size(batch, workers, split, expected):
+    assert worker_batch_size(batch, workers, split) == expected
