@@ -156,13 +156,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     from elephant.ps.server import PSServer
     from elephant.ps.store import Store
 
-    if sm.optimizer.name == "downpour" and sm.window is None and num_workers > 1:
-        log.warning(
-            "DOWNPOUR adds every worker's whole-partition delta to the center, so with %d workers and "
-            "frequency='epoch' the center moves about %d times as far as one worker did; this often "
-            "oscillates. Consider optimizer='dynsgd' (staleness-scaled) or a smaller frequency.",
-            num_workers, num_workers,
-        )
+    warning = sm.optimizer.setup_warning(sm.window, num_workers, sm.splits_batch)
+    if warning:
+        log.warning(warning)
 
     worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
     sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,

@@ -30,7 +30,7 @@ def main() -> None:
         keras.layers.Dense(1, activation="sigmoid"),
     ])
     model.compile(keras.optimizers.Adam(3e-3), "binary_crossentropy", metrics=["accuracy"])
-    sm = SparkModel(model, mode="asynchronous", frequency="epoch", optimizer="dynsgd", num_workers=2)
+    sm = SparkModel(model, mode="asynchronous", num_workers=2)
 
     spark = sm.spark
     train_df = spark.createDataFrame(

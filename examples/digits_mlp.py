@@ -1,6 +1,6 @@
 """Classify scikit-learn's handwritten digits with a two-hidden-layer MLP on Spark.
 
-Run:  python examples/digits_mlp.py [--mode asynchronous] [--frequency epoch] [--epochs 20]
+Run:  python examples/digits_mlp.py [--mode asynchronous] [--frequency default] [--epochs 20] [--compare]
 """
 
 import argparse
@@ -39,20 +39,21 @@ def load_data():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="asynchronous", choices=["synchronous", "asynchronous", "hogwild"])
-    parser.add_argument("--frequency", default="epoch", help="'epoch', 'batch' or local steps per commit")
+    parser.add_argument("--frequency", default="default",
+                        help="'epoch', 'batch', local steps per commit, or 'default' (the optimizer's own window)")
     parser.add_argument("--optimizer", default=None,
-                        help="distributed optimizer; default: model averaging (synchronous), DynSGD (otherwise)")
+                        help="distributed optimizer; default: the mode's (model averaging with block momentum, "
+                             "DelayedNesterov, DOWNPOUR for hogwild)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--compare", action="store_true", help="also time plain model.fit")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    frequency = int(args.frequency) if args.frequency.isdigit() else args.frequency
+    frequency = int(args.frequency) if args.frequency.isdigit() else (None if args.frequency == "default" else args.frequency)
 
     x_train, x_test, y_train, y_test = load_data()
-    # DynSGD scales stale deltas down; plain DOWNPOUR oscillates with whole-epoch windows.
-    optimizer = args.optimizer or (None if args.mode == "synchronous" else "dynsgd")
-    sm = SparkModel(build_model(), mode=args.mode, frequency=frequency, optimizer=optimizer, num_workers=args.workers)
+    sm = SparkModel(build_model(), mode=args.mode, frequency=frequency, optimizer=args.optimizer,
+                    num_workers=args.workers)
     sm.spark  # start Spark before timing the fit
     t0 = time.perf_counter()
     history = sm.fit(x_train, y_train, epochs=args.epochs, batch_size=32, verbose=1)

@@ -14,8 +14,10 @@ AEASGD             ``"aeasgd"``          asynchronous, hogwild                 3
 EAMSGD             ``"eamsgd"``          asynchronous, hogwild                 32
 ModelAveraging     ``"modelaveraging"``  synchronous                           8
 DCASGD             ``"dcasgd"``          asynchronous                          1
-DelayedNesterov    ``"delayednesterov"`` asynchronous                          8
+DelayedNesterov    ``"delayednesterov"`` asynchronous                          pass
 =================  ====================  ====================================  ======
+
+"pass" is one commit per partition pass (``frequency="epoch"``).
 """
 
 from elephant.optimizers.base import (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from elephant.optimizers.agn import check_step_scale, scaled_step
 from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
 
 
@@ -31,7 +32,9 @@ class ADAG(DistributedOptimizer):
     Server: remembers ``θ̃_pull[k]``, the center worker ``k`` last received (on
     its pull and on every commit reply), and applies one commit as
 
-        θ̃ ← θ̃ + Δᵏ ⊙ 1 / ((θ̃ − θ̃_pull[k])² / γ + 1)
+        θ̃ ← θ̃ + s · Δᵏ ⊙ 1 / ((θ̃ − θ̃_pull[k])² / γ + 1)
+
+    with AGN's step ``s`` (default ``m / K``; ``step_scale=1`` is the thesis' rule).
 
     (square, division and product element-wise). A weight the other workers did
     not move since worker ``k`` pulled gets its delta unscaled, so with one
@@ -49,9 +52,11 @@ class ADAG(DistributedOptimizer):
             if progress stalls. dist-keras' ``Experimental(learning_rate=...)``
             is this γ (its default there, 1.0, barely scales anything).
         staleness_bound: optional SSP bound; default None (unbounded).
+        step_scale: as :class:`~elephant.optimizers.AGN`'s; None (default) is
+            ``m / K`` with a batch split, 1 the thesis' rule.
 
     Raises:
-        ConfigError: ``gamma`` is not a positive finite number.
+        ConfigError: ``gamma`` or ``step_scale`` is not a positive finite number.
 
     Reference: J. Hermans, "On Scalable Deep Learning and Parallelizing Gradient
     Descent", MSc thesis, Maastricht University, 2017, chapter 4 (ADAG).
@@ -61,26 +66,33 @@ class ADAG(DistributedOptimizer):
     modes = ("asynchronous",)
     default_window = 12
 
-    def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None):
+    def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None,
+                 step_scale: float | None = None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.gamma = check_number("gamma", gamma, low=0.0, low_open=True)
+        self.step_scale = check_step_scale(step_scale)
+
+    @property
+    def splits_batch(self) -> bool:  # type: ignore[override]
+        return self.step_scale is None
 
     def make_commit(self, state, weights, pulled, num_steps):
         steps = max(int(num_steps), 1)
         return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
 
     def server_init(self, center, num_workers):
-        return {}
+        return {"workers": max(int(num_workers), 1)}
 
     def on_pull(self, state, center, clock, worker):
         return {**state, worker: tree_map(np.copy, center)}
 
     def apply(self, state, center, clock, worker, commit):
         stale = state.get(worker, center)
+        scale = scaled_step(self.step_scale, commit, state.get("workers", 1))
         new_center = tree_map(
-            lambda c, d, s: c + d * distance_factor(c - s, self.gamma), center, commit.tensors, stale
+            lambda c, d, s: c + scale * d * distance_factor(c - s, self.gamma), center, commit.tensors, stale
         )
         return new_center, None, {**state, worker: tree_map(np.copy, new_center)}
 
     def get_config(self):
-        return {**super().get_config(), "gamma": self.gamma}
+        return {**super().get_config(), "gamma": self.gamma, "step_scale": self.step_scale}

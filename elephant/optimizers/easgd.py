@@ -48,7 +48,13 @@ def _moving_rate(alpha, rho, learning_rate) -> float | None:
 
 
 class _Elastic(DistributedOptimizer):
-    """The elastic worker rule shared by the family: send θᵏ, then θᵏ ← θᵏ − E."""
+    """The elastic worker rule shared by the family: send θᵏ, then θᵏ ← θᵏ − E.
+
+    The center is a moving average of the workers, so, as with model averaging,
+    ``SparkModel`` splits the batch among the workers by default (``splits_batch``).
+    """
+
+    splits_batch = True
 
     def __init__(self, window=None, alpha=None, *, rho=None, learning_rate=None, staleness_bound=None):
         super().__init__(window=window, staleness_bound=staleness_bound)

@@ -33,7 +33,7 @@ def number(pattern, text):
 @pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
 def test_digits_example_reaches_95_percent_in_20_epochs(spark, capsys, monkeypatch, mode):
     out = run_example("digits_mlp", ["--mode", mode], capsys, monkeypatch)  # the README's command: 20 epochs
-    assert f"elephant {mode}/epoch: 20 epochs" in out
+    assert f"elephant {mode}/default: 20 epochs" in out
     assert number(r"test accuracy (\d\.\d+)", out) >= 0.95
 
 

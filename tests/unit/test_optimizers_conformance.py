@@ -27,7 +27,7 @@ LR = 0.1  # the local SGD learning rate of every simulation here
 @dataclasses.dataclass(frozen=True)
 class Row:
     name: str
-    window: int  # documented default
+    window: int | None  # documented default (None: one commit per partition pass)
     kwargs: dict = dataclasses.field(default_factory=dict)
     n1: str | tuple[str, dict] | None = None
 
@@ -42,7 +42,7 @@ TABLE = [
     Row("eamsgd", 32, {"alpha": 0.2, "momentum": 0.5}),
     Row("modelaveraging", 8, n1="sequential"),
     Row("dcasgd", 1, {"learning_rate": LR}, n1=("downpour", {"window": 1})),
-    Row("delayednesterov", 8, n1="sequential"),
+    Row("delayednesterov", None, {"window": 8}, n1="sequential"),
 ]
 ROWS = {row.name: row for row in TABLE}
 rows = pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
@@ -69,6 +69,7 @@ def test_table_covers_every_registered_optimizer():
 def test_default_window_and_modes(row):
     opt = get(row.name)
     assert opt.window == row.window
+    assert get(row.name, window=3).window == 3
     assert opt.modes and set(opt.modes) <= {"synchronous", "asynchronous", "hogwild"}
 
 

@@ -10,10 +10,22 @@ import numpy as np
 import pytest
 
 from elephant.errors import ConfigError, DataError
-from elephant.optimizers import ADAG, AGN, Commit, Downpour, DynSGD, simulate
+from elephant import optimizers as eo
+from elephant.optimizers import Commit, Downpour, DynSGD, simulate
 from elephant.optimizers.adag import distance_factor
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import quadratic
+
+
+def AGN(**kwargs):
+    """The paper's AGN (``step_scale=1``); the default step is tested in test_optimizers_outer.py."""
+    return eo.AGN(**{"step_scale": 1.0, **kwargs})
+
+
+def ADAG(**kwargs):
+    """The thesis' ADAG (``step_scale=1``)."""
+    return eo.ADAG(**{"step_scale": 1.0, **kwargs})
+
 
 ETA = 0.1
 GRAD = quadratic(3.0)

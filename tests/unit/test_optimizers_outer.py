@@ -125,3 +125,23 @@ def test_averaging_rules_split_the_batch_and_additive_rules_do_not():
                                                              (32, 4, False, 32)])
 def test_worker_batch_size(batch, workers, split, expected):
     assert worker_batch_size(batch, workers, split) == expected
+
+
+# ----------------------------------------------------------------- setup warnings
+def test_averaging_without_batch_split_is_warned_about():
+    assert ModelAveraging().setup_warning(8, 2, batch_split=True) is None
+    message = ModelAveraging().setup_warning(8, 4, batch_split=False)
+    assert "batch_split=False" in message and "1/4 of plain training's steps" in message
+    assert ModelAveraging().setup_warning(8, 1, batch_split=False) is None  # one worker: nothing to split
+
+
+def test_downpour_with_one_commit_per_pass_is_warned_about():
+    assert "frequency='epoch'" in get("downpour").setup_warning(None, 2, batch_split=False)
+    assert get("downpour").setup_warning(5, 2, batch_split=False) is None
+    assert get("downpour").setup_warning(None, 1, batch_split=False) is None
+
+
+def test_delayed_nesterov_with_short_windows_and_many_workers_is_warned_about():
+    assert DelayedNesterov().setup_warning(None, 8, batch_split=True) is None
+    assert DelayedNesterov().setup_warning(8, 2, batch_split=True) is None
+    assert "window of 8 steps and 4 workers" in DelayedNesterov().setup_warning(8, 4, batch_split=True)

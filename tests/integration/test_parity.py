@@ -1,0 +1,53 @@
+"""The defaults train like plain Keras at equal epochs, and say what they add on top of the user's optimizer.
+
+A robust check, not a benchmark (benchmarks/convergence.py has the figures): the digits MLP
+compiled with ``Adam(1e-3)``, batch 32, 2 workers, 10 epochs, against ``model.fit`` of the
+same model from the same weights on the same data.
+"""
+
+import logging
+
+import pytest
+
+from elephant import SparkModel
+
+from .conftest import accuracy, digits_model
+
+EPOCHS = 10
+
+
+@pytest.fixture(scope="module")
+def plain_accuracy(digits):
+    x_train, x_test, y_train, y_test = digits
+    model = digits_model()
+    model.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+    return accuracy(model, x_test, y_test)
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digits, plain_accuracy, mode, caplog):
+    x_train, x_test, y_train, y_test = digits
+    sm = SparkModel(digits_model(), mode=mode, num_workers=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit_loop"):
+        sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+    acc = accuracy(sm.model, x_test, y_test)
+    assert acc >= plain_accuracy - 0.03, f"{mode} default: {acc:.3f} against plain Keras {plain_accuracy:.3f}"
+    assert sm.fit_plan["worker_batch_size"] == 16
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("elephant fit:")]
+    assert len(lines) == 1
+    assert "outer_momentum=0.5 = 1 - 1/2" in lines[0] and "(outer_momentum=0 turns it off)" in lines[0]
+    assert "batch_size=32 is the global batch: each worker trains batches of 16" in lines[0]
+    assert "batch_split=False" in lines[0]
+
+
+def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="synchronous", frequency="epoch", num_workers=2, spark=spark,
+                    optimizer={"name": "modelaveraging", "config": {"outer_momentum": 0.0}}, batch_split=False)
+    with caplog.at_level(logging.INFO, logger="elephant"):
+        sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    assert sm.fit_plan["worker_batch_size"] == 32
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("elephant fit:"))
+    assert "plain averaging (no outer step)" in line and "each worker trains batches of 32" in line
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("batch_split=False" in w and "falls behind model.fit" in w for w in warnings)

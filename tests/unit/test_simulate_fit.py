@@ -1,0 +1,76 @@
+"""simulate_fit: a whole distributed fit of a Keras model in one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elephant.errors import ConfigError
+
+keras = pytest.importorskip("keras")
+
+from elephant.optimizers import DelayedNesterov, ModelAveraging, simulate_fit  # noqa: E402
+
+
+def model(seed=0):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, activation="softmax")])
+    m.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 1).astype("int64")
+    return x, y
+
+
+@pytest.mark.parametrize("optimizer", [ModelAveraging(window=3), DelayedNesterov(window=3)])
+def test_one_worker_replays_model_fit(data, optimizer):
+    """One worker, no shuffle: the default outer step is the identity, so the center is Keras' own fit."""
+    x, y = data
+    plain = model()
+    plain.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0)
+    mode = "synchronous" if "synchronous" in optimizer.modes else "asynchronous"
+    sim = model()
+    fit = simulate_fit(sim, x, y, epochs=2, batch_size=32, mode=mode, optimizer=optimizer, num_workers=1,
+                       seed=None, shuffle=False)
+    for got, want in zip(fit.centers[-1], plain.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(sim.get_weights(), fit.centers[-1], strict=True):
+        np.testing.assert_array_equal(got, want)  # the model holds the final center, as after SparkModel.fit
+    assert fit.history["updates"] == [3.0, 3.0]  # 7 steps per epoch: windows of 3, 3 and a flushed 1
+
+
+def test_history_counts_rounds_and_commits_and_evaluates_the_center(data):
+    x, y = data
+    sync = simulate_fit(model(), x, y, epochs=2, batch_size=20, mode="synchronous", num_workers=2,
+                        frequency=2, validation_data=(x, y))
+    # 100 samples per worker, batch 20 split in two: 10 steps per pass, 5 rounds of 2 steps
+    assert sync.history["updates"] == [5.0, 5.0] and sync.trace.clock == 10
+    assert len(sync.history["val_accuracy"]) == 2 and 0.0 <= sync.history["val_accuracy"][-1] <= 1.0
+    m = model()
+    m.set_weights(sync.centers[-1])
+    assert sync.history["val_loss"][-1] == pytest.approx(m.evaluate(x, y, batch_size=20, verbose=0)[0], rel=1e-5)
+    asyn = simulate_fit(model(), x, y, epochs=2, batch_size=20, mode="asynchronous", num_workers=2)
+    assert asyn.window is None and asyn.history["updates"] == [2.0, 2.0]  # one commit per worker and pass
+
+
+def test_batch_split_follows_the_rule_unless_told(data):
+    x, y = data
+    split = simulate_fit(model(), x, y, epochs=1, batch_size=20, mode="synchronous", num_workers=2, frequency=1)
+    full = simulate_fit(model(), x, y, epochs=1, batch_size=20, mode="synchronous", num_workers=2, frequency=1,
+                        batch_split=False)
+    assert split.trace.clock == 10 and full.trace.clock == 5
+
+
+def test_arguments_are_checked(data):
+    x, y = data
+    with pytest.raises(ConfigError, match="received mode='eventual'"):
+        simulate_fit(model(), x, y, mode="eventual")
+    with pytest.raises(ConfigError, match="'downpour' supports mode"):
+        simulate_fit(model(), x, y, mode="synchronous", optimizer="downpour")
+    with pytest.raises(ConfigError, match="`step_times` must give one time per worker"):
+        simulate_fit(model(), x, y, num_workers=2, step_times=[1.0])
