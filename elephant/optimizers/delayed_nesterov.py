@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, register, tree_map
 from elephant.optimizers.outer import OuterMomentum
 
 
