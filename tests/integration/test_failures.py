@@ -28,7 +28,7 @@ def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypat
     assert sm.last_metrics["replays_dropped"] >= 3
     attempts = {entry[1] for entry in ledger if entry[0][2] == 1}
     assert len(attempts) == 2
-    steps = -(-len(x_train) // 2 // 32)
+    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])  # the default rule splits the batch
     assert len(keys) == 2 * (-(-steps // 2))  # every window applied exactly once
 
 
