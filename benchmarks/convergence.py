@@ -101,17 +101,9 @@ def _spark(slots: int):
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    return (
-        SparkSession.builder.master(f"local[{slots}]")
-        .appName("elephant-convergence")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.daemon.module", "elephant.daemon")
-        .getOrCreate()
-    )
+    from elephant.session import local_session
+
+    return local_session(f"local[{slots}]", "elephant-convergence")
 
 
 def run_spark(wl, config: dict, workers: int, seed: int, spark) -> dict:

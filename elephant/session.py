@@ -29,9 +29,16 @@ def get_or_create():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     log.info("no active SparkSession; starting an embedded local[*] session on 127.0.0.1")
+    return local_session("local[*]", "elephant")
+
+
+def local_session(master: str, app_name: str):
+    """A loopback-only local SparkSession with the UI and console progress bars off."""
+    from pyspark.sql import SparkSession
+
     return (
-        SparkSession.builder.master("local[*]")
-        .appName("elephant")
+        SparkSession.builder.master(master)
+        .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -157,15 +157,11 @@ def simulate_fit(
         raise ConfigError(f"`step_times` must give one time per worker ({num_workers}); received {len(times)}")
 
     steps = [-(-r.n // batch_size) for r in replicas]
-    schedule: list[tuple] = []
-    epoch_ends: list[int] = []  # index into trace.centers of each epoch's last update
-    updates = 0
-    for _ in range(epochs):
-        per_epoch = timed(times, window or max(steps), steps)
-        commits = [sum(1 for e in per_epoch if e == ("commit", k)) for k in range(num_workers)]
-        updates += max(commits) if mode == "synchronous" else sum(commits)
-        epoch_ends.append(updates)
-        schedule += per_epoch
+    one_epoch = timed(times, window or max(steps), steps)  # every epoch plays the same interleaving
+    commits = [one_epoch.count(("commit", k)) for k in range(num_workers)]
+    per_epoch = max(commits) if mode == "synchronous" else sum(commits)  # rounds or commits
+    epoch_ends = [per_epoch * (e + 1) for e in range(epochs)]  # index into trace.centers, plus one
+    schedule = one_epoch * epochs
 
     trace = simulate(
         opt, model.get_weights(), replicas, schedule, mode=mode, num_workers=num_workers,
@@ -173,11 +169,8 @@ def simulate_fit(
     )
 
     centers = [trace.centers[i - 1] if i else model.get_weights() for i in epoch_ends]
-    history: dict[str, list[float]] = {"updates": []}
-    previous = 0
-    for weights, end in zip(centers, epoch_ends, strict=True):
-        history["updates"].append(float(end - previous))
-        previous = end
+    history: dict[str, list[float]] = {"updates": [float(per_epoch)] * epochs}
+    for weights in centers:
         if validation_data is not None:
             model.set_weights(weights)
             logs = model.evaluate(*validation_data[:2], batch_size=global_batch, verbose=0, return_dict=True)
