@@ -56,6 +56,7 @@ CONFIGS: dict[str, dict] = {
     "async-default": dict(mode="asynchronous"),
     "async-epoch": dict(mode="asynchronous", frequency="epoch"),
     "downpour": dict(mode="asynchronous", optimizer="downpour"),
+    "downpour-w5": dict(mode="asynchronous", optimizer={"name": "downpour", "config": {"window": 5}}),  # the old default
     "agn": dict(mode="asynchronous", optimizer="agn"),
     "adag": dict(mode="asynchronous", optimizer="adag"),
     "dynsgd": dict(mode="asynchronous", optimizer="dynsgd"),

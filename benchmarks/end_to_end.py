@@ -27,6 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 
 CONFIGS = [
+    ("synchronous (default)", dict(mode="synchronous")),
+    ("asynchronous (default)", dict(mode="asynchronous")),
+    ("hogwild (default)", dict(mode="hogwild")),
     ("synchronous/epoch", dict(mode="synchronous", frequency="epoch")),
     ("asynchronous/epoch", dict(mode="asynchronous", frequency="epoch")),
     ("asynchronous/window 8", dict(mode="asynchronous", frequency=8)),
@@ -109,7 +112,8 @@ def main() -> None:
         sm.fit(x_train, y_train, epochs=args.epochs, batch_size=args.batch_size, verbose=0)
         seconds = time.perf_counter() - t0
         rows.append({"name": name, "seconds": seconds, "accuracy": accuracy(sm.model, x_test, y_test),
-                     "commits": sm.last_metrics.get("commits_applied"), "rounds": sm.last_metrics.get("rounds_applied")})
+                     "commits": sm.last_metrics.get("commits_applied"), "rounds": sm.last_metrics.get("rounds_applied"),
+                     "worker_batch_size": (sm.fit_plan or {}).get("worker_batch_size")})
     for r in rows:
         r["samples_per_second"] = args.samples * args.epochs / r["seconds"]
         r["ratio_to_plain"] = r["seconds"] / plain

@@ -110,7 +110,11 @@ def table(summary: dict, engine: str) -> str:
     return "\n".join(lines)
 
 
-def compare(sim: dict, spark: dict) -> str:
+def compare(sim_rows: list[dict], spark_rows: list[dict], spark: dict) -> str:
+    """Spark's summary against the simulator's on exactly the seeds Spark ran."""
+    seeds = {(r["workload"], r["config"], r["workers"], r["seed"]) for r in spark_rows if "final" in r}
+    sim = summarise([r for r in sim_rows if r["config"] == "plain" or (r["workload"], r["config"], r["workers"],
+                                                                          r["seed"]) in seeds])
     lines = [
         "### simulator vs Spark",
         "",
@@ -163,16 +167,16 @@ def plots(summary: dict, engine: str) -> list[str]:
 
 
 def write() -> None:
-    sections, summaries = [], {}
+    sections, summaries, loaded = [], {}, {}
     for engine in ("sim", "spark"):
-        rows = _load(engine)
+        rows = loaded[engine] = _load(engine)
         if not rows:
             continue
         summaries[engine] = summarise(rows)
         sections.append(table(summaries[engine], engine))
         plots(summaries[engine], engine)
     if "sim" in summaries and "spark" in summaries:
-        sections.append(compare(summaries["sim"], summaries["spark"]))
+        sections.append(compare(loaded["sim"], loaded["spark"], summaries["spark"]))
     with open(os.path.join(RESULTS, "convergence.md"), "w") as f:
         f.write("# Convergence benchmark results\n\nWritten by `benchmarks/report_convergence.py`.\n\n")
         f.write("\n\n".join(sections) + "\n")

@@ -33,7 +33,7 @@ class Row:
 
 
 TABLE = [
-    Row("downpour", 5, n1="sequential"),
+    Row("downpour", 1, n1="sequential"),
     Row("agn", 12, {"window": 1}, n1=("downpour", {"window": 1})),
     Row("adag", 12, {"gamma": 1e-2}, n1=("agn", {})),
     Row("dynsgd", 5, n1=("downpour", {})),

@@ -137,11 +137,48 @@ def test_averaging_without_batch_split_is_warned_about():
 
 def test_downpour_with_one_commit_per_pass_is_warned_about():
     assert "frequency='epoch'" in get("downpour").setup_warning(None, 2, batch_split=False)
-    assert get("downpour").setup_warning(5, 2, batch_split=False) is None
+    assert get("downpour").setup_warning(1, 2, batch_split=False) is None
     assert get("downpour").setup_warning(None, 1, batch_split=False) is None
+
+
+@pytest.mark.parametrize("window, workers, warned", [
+    (1, 2, False), (1, 4, False), (2, 2, False), (2, 3, True), (2, 4, True), (5, 2, True), (5, 1, False),
+])
+def test_downpour_with_stale_windows_is_warned_about(window, workers, warned):
+    message = get("downpour").setup_warning(window, workers, batch_split=False)
+    assert (message is not None) == warned
+    if warned:
+        assert f"window of {window} steps and {workers} workers" in message and "window=1" in message
+
+
+def test_downpour_default_window_is_one_step():
+    assert get("downpour").window == 1 and get("downpour", window=5).window == 5
 
 
 def test_delayed_nesterov_with_short_windows_and_many_workers_is_warned_about():
     assert DelayedNesterov().setup_warning(None, 8, batch_split=True) is None
     assert DelayedNesterov().setup_warning(8, 2, batch_split=True) is None
     assert "window of 8 steps and 4 workers" in DelayedNesterov().setup_warning(8, 4, batch_split=True)
+
+
+@pytest.mark.parametrize("name", ["easgd", "aeasgd", "eamsgd"])
+def test_elastic_rules_warn_with_more_than_one_worker(name):
+    rule = get(name)
+    assert rule.setup_warning(rule.window, 1, batch_split=True) is None
+    message = rule.setup_warning(rule.window, 2, batch_split=True)
+    assert "3 to 7 points behind" in message and "optimizer=None" in message
+    # the batch-split warning of the base class comes first
+    assert "batch_split=False" in rule.setup_warning(rule.window, 2, batch_split=False)
+
+
+@pytest.mark.parametrize("name", ["agn", "adag", "dynsgd"])
+def test_asynchronous_averaging_rules_warn_from_four_workers(name):
+    rule = get(name)
+    assert rule.setup_warning(rule.window, 2, batch_split=True) is None
+    message = rule.setup_warning(rule.window, 4, batch_split=True)
+    assert "with 4 workers averages" in message and "DelayedNesterov" in message
+    assert "batch_split=False" in rule.setup_warning(rule.window, 4, batch_split=False)
+
+
+def test_paper_form_agn_is_not_warned_as_averaging():
+    assert get("agn", step_scale=1.0).setup_warning(12, 4, batch_split=False) is None
