@@ -15,7 +15,7 @@ from elephant import data as D
 from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
-from elephant.model_io import model_fingerprint, model_to_bytes
+from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.base import worker_batch_size
 from elephant.worker import TaskSpec
 
@@ -178,6 +178,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
     fingerprint = model_fingerprint(sm.model)
+    structure = structure_fingerprint(sm.model)
     broadcast = sc.broadcast(model_bytes)
     sm.job_group = f"elephant-{run}"
     sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)
@@ -200,7 +201,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                     optimizer=sm.optimizer, window=sm.window, batch_size=worker_batch, mode=sm.mode,
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
-                    fault=os.environ.get("ELEPHANT_FAULT") or None,
+                    fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure,
                 )
                 results = _epoch_job(rdd, spec, barrier)
                 logs = aggregate_logs(results)

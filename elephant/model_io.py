@@ -22,7 +22,10 @@ from elephant.errors import ConfigError
 
 SETTINGS_MEMBER = "elephant.json"
 
-__all__ = ["model_to_bytes", "model_from_bytes", "fingerprint", "model_fingerprint", "save_with_settings", "load_with_settings"]
+__all__ = [
+    "model_to_bytes", "model_from_bytes", "fingerprint", "model_fingerprint", "structure_fingerprint",
+    "save_with_settings", "load_with_settings",
+]
 
 
 def model_to_bytes(model) -> bytes:
@@ -72,6 +75,80 @@ def model_fingerprint(model) -> str:
         digest.update(str((w.shape, w.dtype)).encode())
         digest.update(np.ascontiguousarray(w).tobytes())
     return digest.hexdigest()[:16]
+
+
+def structure_fingerprint(model) -> str:
+    """A content hash of what a training replica keeps from one fit to the next.
+
+    Architecture, compile settings and the optimizer's variables, but not the
+    model's weights: every training task overwrites those with the center it
+    pulls. Two fits of models that differ only in their weights (a notebook cell
+    run again, a benchmark's seeds) can therefore share a rebuilt replica and its
+    traced train step (see :func:`elephant.worker.training_model`).
+    """
+    import numpy as np
+
+    architecture = _without_layer_names(json.loads(model.to_json()))
+    digest = hashlib.sha256(b"structure:" + json.dumps(architecture, sort_keys=True).encode())
+    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else None
+    digest.update(json.dumps(_without_layer_names(compile_config), default=str, sort_keys=True).encode())
+    optimizer = getattr(model, "optimizer", None)
+    for v in getattr(optimizer, "variables", None) or []:
+        value = np.asarray(v)
+        digest.update(str((v.path.partition("/")[2], value.shape, value.dtype)).encode())  # path minus the optimizer's name
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _without_layer_names(config: Any) -> Any:
+    """A model config with every layer name replaced by its order of appearance.
+
+    Keras numbers automatic names per session (``dense``, ``dense_1``, ...), so
+    the same architecture built twice serialises differently. Only the places
+    that hold layer names are rewritten (a layer's ``name``, ``keras_history``
+    references, ``input_layers``/``output_layers``), and the compiled
+    optimizer's name (numbered the same way); a name anywhere else stays
+    as it is, which can only make two configs differ, never wrongly agree.
+    """
+    names: dict[str, str] = {}
+
+    def canon(name: Any) -> Any:
+        return names.setdefault(name, f"#{len(names)}") if isinstance(name, str) else name
+
+    def refs(value: Any) -> Any:  # [name, node, tensor] or a list of those
+        if isinstance(value, list) and value and isinstance(value[0], str):
+            return [canon(value[0]), *value[1:]]
+        return [refs(v) for v in value] if isinstance(value, list) else value
+
+    def layer(item: Any) -> Any:
+        if isinstance(item, dict):
+            item = dict(item)
+            if isinstance(item.get("config"), dict) and "name" in item["config"]:
+                item["config"] = {**item["config"], "name": canon(item["config"]["name"])}
+            if "name" in item:
+                item["name"] = canon(item["name"])
+        return walk(item)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "keras_history" and isinstance(value, list) and value:
+                out[key] = [canon(value[0]), *value[1:]]
+            elif key in ("input_layers", "output_layers"):
+                out[key] = refs(value)
+            elif key == "layers" and isinstance(value, list):
+                out[key] = [layer(v) for v in value]
+            elif key == "optimizer" and isinstance(value, dict) and isinstance(value.get("config"), dict):
+                out[key] = walk({**value, "config": {**value["config"], "name": "#optimizer"}})
+            else:
+                out[key] = walk(value)
+        return out
+
+    return layer(config)
 
 
 def save_with_settings(model, path: str | os.PathLike, settings: Mapping[str, Any]) -> None:

@@ -82,7 +82,7 @@ def test_single_worker_downpour_equals_local_training(data):
     model_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-b")
     worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [data], RecordingClient(store))
-    local = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-b")
+    local = worker.training_model(_spec(model_bytes, "run-b", window=2))
     for c, w in zip(store.center(), local.get_weights()):
         np.testing.assert_allclose(c, w, rtol=1e-6, atol=1e-7)
     assert not np.allclose(store.center()[0], model.get_weights()[0])  # it did train
@@ -94,14 +94,79 @@ def test_model_is_built_once_per_process_and_run(data):
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-c")
     client = RecordingClient(store)
     worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=0), 0, 1, [data], client)
-    first = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-c")
+    first = worker.training_model(_spec(model_bytes, "run-c", window=None))
     iterations = int(first.optimizer.iterations.numpy())
     worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=1), 0, 2, [data], client)
-    again = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-c")
+    again = worker.training_model(_spec(model_bytes, "run-c", window=None))
     assert again is first
     # the local Keras optimizer state persists across epochs within a process
     assert int(again.optimizer.iterations.numpy()) == 2 * iterations == 8
     assert [c[1] for c in client.commits] == [4, 4]  # frequency="epoch": one commit per pass
+
+
+def _adam_model(seed):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+    m.compile(keras.optimizers.Adam(0.01), "mse")
+    return m
+
+
+def _fit_epochs(model, store, run, epochs, data, structure):
+    """Epochs of a one-worker fit of ``model`` against ``store`` through run_partition, unshuffled."""
+    model_bytes = model_to_bytes(model)
+    for epoch in epochs:
+        spec = dataclasses.replace(_spec(model_bytes, run, window=2, epoch=epoch), shuffle=False, structure=structure)
+        worker.run_partition(spec, 0, epoch, [data], RecordingClient(store))
+    return store.center()
+
+
+def _store(model, run):
+    return Store(model.get_weights(), O.Downpour(), "asynchronous", 1, run)
+
+
+def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(data):
+    from elephant.model_io import structure_fingerprint
+
+    first, second = _adam_model(1), _adam_model(2)
+    structure = structure_fingerprint(first)
+    assert structure == structure_fingerprint(second)  # other weights, other auto names: same structure
+    assert structure != structure_fingerprint(_model())
+
+    def replica(model, run):
+        return worker.training_model(dataclasses.replace(_spec(model_to_bytes(model), run, window=2), structure=structure))
+
+    _fit_epochs(first, _store(first, "share-a"), "share-a", [0], data, structure)
+    shared = replica(first, "share-a")
+    assert int(shared.optimizer.iterations.numpy()) == 4
+    moments_a = [np.array(v) for v in shared.optimizer.variables]
+
+    # a second fit gets the same replica with the optimizer state it was built with
+    assert replica(second, "share-b") is shared
+    assert int(shared.optimizer.iterations.numpy()) == 0
+    assert all(not np.any(np.array(v)) for v in shared.optimizer.variables if "iteration" not in v.path
+               and "learning_rate" not in v.path)
+    assert float(shared.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+    _fit_epochs(second, _store(second, "share-b"), "share-b", [0], data, structure)
+
+    # the first fit comes back to its own moments
+    assert replica(first, "share-a") is shared
+    for v, want in zip(shared.optimizer.variables, moments_a, strict=True):
+        np.testing.assert_array_equal(np.array(v), want)
+
+
+def test_a_fit_interleaved_with_another_on_its_replica_trains_as_if_alone(data):
+    from elephant.model_io import structure_fingerprint
+
+    model, other = _adam_model(3), _adam_model(4)
+    alone = _fit_epochs(model, _store(model, "alone"), "alone", [0, 1], data, structure="")  # a replica of its own
+    structure = structure_fingerprint(model)
+    mixed = _store(model, "mixed")
+    _fit_epochs(model, mixed, "mixed", [0], data, structure)
+    _fit_epochs(other, _store(other, "intruder"), "intruder", [0, 1], data, structure)
+    _fit_epochs(model, mixed, "mixed", [1], data, structure)
+    assert not np.allclose(alone[0], model.get_weights()[0])  # it trained
+    for got, want in zip(mixed.center(), alone, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_empty_partition_only_finishes(data):
@@ -162,9 +227,29 @@ def test_the_worker_pass_equals_keras_fit(data):
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-canary")
     spec = dataclasses.replace(_spec(model_bytes, "run-canary", window=None), shuffle=False)
     (stats,) = worker.run_partition(spec, 0, 1, [data], RecordingClient(store))
-    mine = worker.cached_model(model_bytes, fingerprint(model_bytes), "run-canary")
+    mine = worker.training_model(spec)
     assert mine is not reference
     for a, b in zip(mine.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert int(mine.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy()) == 4
     assert stats["logs"]["loss"] == pytest.approx(fitted.history["loss"][0], rel=1e-5)
+
+
+def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state(data):
+    from elephant.model_io import structure_fingerprint
+
+    def functional(seed, units=2, optimizer="adam"):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((3,))
+        outputs = keras.layers.Dense(units)(keras.layers.Dense(4)(inputs))
+        model = keras.Model(inputs, outputs)  # auto names: dense_7, functional_3, ... differ per build
+        model.compile(optimizer, "mse")
+        return model
+
+    a, b = functional(0), functional(1)
+    assert structure_fingerprint(a) == structure_fingerprint(b)
+    assert structure_fingerprint(a) != structure_fingerprint(functional(0, units=3))
+    assert structure_fingerprint(a) != structure_fingerprint(functional(0, optimizer="sgd"))
+    assert structure_fingerprint(a) != structure_fingerprint(functional(0, optimizer=keras.optimizers.Adam(2e-3)))
+    b.fit(*data, epochs=1, verbose=0)  # optimizer state travels in the archive: a trained one is another structure
+    assert structure_fingerprint(a) != structure_fingerprint(b)
