@@ -148,11 +148,12 @@ def plots(summary: dict, engine: str) -> list[str]:
             mine = sorted(c for c in keys if c[2] == k)
             plain = summary[mine[0]]["plain_curve"]
             ax.plot(range(1, len(plain) + 1), plain, color="black", linewidth=2.5, label="plain Keras")
-            for key in mine:
+            colors = plt.cm.tab20(np.linspace(0, 1, 20))  # more configurations than the default cycle's 10 colours
+            for i, key in enumerate(mine):
                 s = summary[key]
                 style = "-" if key[1] in DEFAULTS else ":"
                 ax.plot(range(1, len(s["curve"]) + 1), s["curve"], style, linewidth=1.4 if style == "-" else 1.1,
-                        label=f"{key[1]} ({s['gap']:+.1f})")
+                        color=colors[i % 20], label=f"{key[1]} ({s['gap']:+.1f})")
             ax.set_title(f"{workload}, {k} workers ({engine})")
             ax.set_xlabel("epoch")
             ax.grid(alpha=0.3)

@@ -18,6 +18,7 @@ def scaled_step(step_scale, commit, num_workers: int) -> float:
     """Factor on a normalised (average-step) commit: ``step_scale``, or ``num_steps / K`` when None."""
     return step_scale if step_scale is not None else max(int(commit.num_steps), 1) / max(int(num_workers), 1)
 
+
 def averaging_warning(rule: str, num_workers: int, figures: str) -> str | None:
     """The fit-start warning of an asynchronous averaging rule with no outer step, at 4 or more workers."""
     if num_workers < 4:
