@@ -97,6 +97,16 @@ def _staleness_mean(before: dict, after: dict) -> float | None:
     return (sum(k * v for k, v in diff.items()) / count) if count else None
 
 
+def replica_structure(model, custom_objects) -> str:
+    """The key under which workers may share a training replica with other fits ("": never).
+
+    Models given ``custom_objects`` never share (each fit builds its own replica): a
+    custom layer redefined in a notebook keeps its name and config, and a shared
+    replica would run its old code.
+    """
+    return "" if custom_objects else structure_fingerprint(model)
+
+
 def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     def task(iterator):
         from pyspark import BarrierTaskContext, TaskContext
@@ -178,7 +188,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
     fingerprint = model_fingerprint(sm.model)
-    structure = structure_fingerprint(sm.model)
+    structure = replica_structure(sm.model, sm.custom_objects)
     broadcast = sc.broadcast(model_bytes)
     sm.job_group = f"elephant-{run}"
     sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)

@@ -19,7 +19,8 @@ measurably slows convergence). A later fit of a model with the same structure
 (a notebook cell run again, a benchmark's next seed) reuses the replica and its
 traced train step, which saves seconds per fit, but never its optimizer state:
 each fit starts from the optimizer variables the replica was built with, and a
-fit that alternates with another on the same replica gets its own back.
+fit that alternates with another on the same replica gets its own back. Models
+fitted with custom objects get a replica per fit (their code may have changed).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class TaskSpec:
     custom_objects: Mapping[str, Any] | None = None
     shuffle: bool = True
     fault: str | None = None  # test-only fault injection, from ELEPHANT_FAULT on the driver
-    structure: str = ""  # model_io.structure_fingerprint; "" = one replica per ``fingerprint``
+    structure: str = ""  # fit_loop.replica_structure; "" = a replica of this fit's own
 
 
 def _value(maybe_broadcast: Any) -> bytes:
@@ -128,15 +129,15 @@ def _optimizer_values(model) -> list[np.ndarray]:
 def training_model(spec: TaskSpec):
     """The replica that trains ``spec.run``, with that fit's Keras optimizer state.
 
-    Built at most once per process and ``spec.structure`` (or ``spec.fingerprint``
-    when no structure is given). The first task of a fit on a replica saves the
+    Built at most once per process and ``spec.structure``; without a structure,
+    once per process and fit (``spec.fingerprint`` and ``spec.run``). The first task of a fit on a replica saves the
     previous fit's optimizer variables and loads its own (the ones the replica
     was built with, for a new fit), so sharing a replica never leaks optimizer
     state between fits.
     """
     from elephant.model_io import model_from_bytes
 
-    key = spec.structure or spec.fingerprint
+    key = spec.structure or f"{spec.fingerprint}/{spec.run}"
     replica = _REPLICAS.get(key)
     if replica is None:
         model = model_from_bytes(_value(spec.model_bytes), spec.custom_objects)

@@ -253,3 +253,16 @@ def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state
     assert structure_fingerprint(a) != structure_fingerprint(functional(0, optimizer=keras.optimizers.Adam(2e-3)))
     b.fit(*data, epochs=1, verbose=0)  # optimizer state travels in the archive: a trained one is another structure
     assert structure_fingerprint(a) != structure_fingerprint(b)
+
+
+def test_models_with_custom_objects_never_share_a_replica():
+    from elephant.fit_loop import replica_structure
+    from elephant.model_io import structure_fingerprint
+
+    class Scale(keras.layers.Layer):
+        def call(self, x):
+            return 2.0 * x
+
+    model = _model()
+    assert replica_structure(model, None) == structure_fingerprint(model)
+    assert replica_structure(model, {"Scale": Scale}) == ""  # a replica of the fit's own, as before
