@@ -88,10 +88,8 @@ def structure_fingerprint(model) -> str:
     """
     import numpy as np
 
-    architecture = _without_layer_names(json.loads(model.to_json()))
+    architecture = _without_layer_names(json.loads(model.to_json()))  # holds the compile config too
     digest = hashlib.sha256(b"structure:" + json.dumps(architecture, sort_keys=True).encode())
-    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else None
-    digest.update(json.dumps(_without_layer_names(compile_config), default=str, sort_keys=True).encode())
     optimizer = getattr(model, "optimizer", None)
     for v in getattr(optimizer, "variables", None) or []:
         value = np.asarray(v)
@@ -136,9 +134,7 @@ def _without_layer_names(config: Any) -> Any:
             return node
         out = {}
         for key, value in node.items():
-            if key == "keras_history" and isinstance(value, list) and value:
-                out[key] = [canon(value[0]), *value[1:]]
-            elif key in ("input_layers", "output_layers"):
+            if key in ("keras_history", "input_layers", "output_layers"):
                 out[key] = refs(value)
             elif key == "layers" and isinstance(value, list):
                 out[key] = [layer(v) for v in value]

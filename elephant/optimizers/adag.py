@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elephant.optimizers.agn import averaging_warning, check_step_scale, scaled_step
+from elephant.optimizers.agn import check_step_scale, scaled_step
 from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
 
 
@@ -65,6 +65,7 @@ class ADAG(DistributedOptimizer):
     name = "adag"
     modes = ("asynchronous",)
     default_window = 12
+    averaging_shortfall = "up to 10 points behind, 16 % higher loss on a regression"
 
     def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None,
                  step_scale: float | None = None):
@@ -75,12 +76,6 @@ class ADAG(DistributedOptimizer):
     @property
     def splits_batch(self) -> bool:  # type: ignore[override]
         return self.step_scale is None
-
-    def setup_warning(self, window, num_workers, batch_split):
-        base = super().setup_warning(window, num_workers, batch_split)
-        if base is None and self.step_scale is None and batch_split:
-            return averaging_warning("ADAG", num_workers, "up to 10 points behind, 16 % higher loss on a regression")
-        return base
 
     def make_commit(self, state, weights, pulled, num_steps):
         steps = max(int(num_steps), 1)

@@ -19,18 +19,6 @@ def scaled_step(step_scale, commit, num_workers: int) -> float:
     return step_scale if step_scale is not None else max(int(commit.num_steps), 1) / max(int(num_workers), 1)
 
 
-def averaging_warning(rule: str, num_workers: int, figures: str) -> str | None:
-    """The fit-start warning of an asynchronous averaging rule with no outer step, at 4 or more workers."""
-    if num_workers < 4:
-        return None
-    return (
-        f"{rule} with {num_workers} workers averages the workers' progress without an outer momentum step, and "
-        f"with the batch split among them it falls behind plain training at equal epochs ({figures}, "
-        "benchmarks/convergence.py at 4 workers). For parity use the asynchronous default (optimizer=None: "
-        "DelayedNesterov, one commit per pass) or train more epochs."
-    )
-
-
 @register
 class AGN(DistributedOptimizer):
     """Asynchronous delta exchange with the delta normalised by the window length.
@@ -69,6 +57,7 @@ class AGN(DistributedOptimizer):
     aliases = ("adag_distkeras",)
     modes = ("asynchronous", "hogwild")
     default_window = 12
+    averaging_shortfall = "up to 10 points behind, 12 % higher loss on a regression"
 
     def __init__(self, window=None, step_scale=None, staleness_bound=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
@@ -77,12 +66,6 @@ class AGN(DistributedOptimizer):
     @property
     def splits_batch(self) -> bool:  # type: ignore[override]
         return self.step_scale is None
-
-    def setup_warning(self, window, num_workers, batch_split):
-        base = super().setup_warning(window, num_workers, batch_split)
-        if base is None and self.step_scale is None and batch_split:
-            return averaging_warning("AGN", num_workers, "up to 10 points behind, 12 % higher loss on a regression")
-        return base
 
     def make_commit(self, state, weights, pulled, num_steps):
         steps = max(int(num_steps), 1)

@@ -189,6 +189,10 @@ class DistributedOptimizer:
     #: optimizer steps per epoch as ``model.fit`` does (see :func:`worker_batch_size`).
     #: Rules that add every delta whole (DOWNPOUR) keep the full batch per worker.
     splits_batch: ClassVar[bool] = False
+    #: For an asynchronous rule that averages the workers' progress without an outer
+    #: step: the shortfall ``benchmarks/convergence.py`` measured against plain training
+    #: at 4 workers with the batch split, quoted by :meth:`setup_warning` from 4 workers on.
+    averaging_shortfall: ClassVar[str | None] = None
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:
@@ -255,7 +259,7 @@ class DistributedOptimizer:
         or None. ``SparkModel.fit`` logs the answer as a warning at the start of the fit.
 
         The base class warns when an averaging rule (``splits_batch``) runs with full
-        batches per worker; rules override it to add what the convergence benchmark
+        batches per worker, and quotes ``averaging_shortfall`` from 4 workers on; rules override it to add what the convergence benchmark
         measured for them (and call ``super()``).
         """
         if self.splits_batch and not batch_split and num_workers > 1:
@@ -265,6 +269,13 @@ class DistributedOptimizer:
                 "steps per epoch, so the center falls behind model.fit at equal epochs (benchmarks/convergence.py "
                 "measured synchronous averaging 3 to 9 points behind at 2 workers and 15 to 20 at 4). Keep the "
                 "default batch split (SparkModel(batch_split=None)) unless you scale the epochs."
+            )
+        if self.averaging_shortfall and self.splits_batch and batch_split and num_workers >= 4:
+            return (
+                f"{type(self).__name__} with {num_workers} workers averages the workers' progress without an outer "
+                "momentum step, and with the batch split among them it falls behind plain training at equal epochs "
+                f"({self.averaging_shortfall}, benchmarks/convergence.py at 4 workers). For parity use the "
+                "asynchronous default (optimizer=None: DelayedNesterov, one commit per pass) or train more epochs."
             )
         return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from elephant.optimizers.agn import averaging_warning
 from elephant.optimizers.base import DistributedOptimizer, register, staleness, tree_map
 
 
@@ -45,12 +44,7 @@ class DynSGD(DistributedOptimizer):
     modes = ("asynchronous", "hogwild")
     default_window = 5
     splits_batch = True
-
-    def setup_warning(self, window, num_workers, batch_split):
-        base = super().setup_warning(window, num_workers, batch_split)
-        if base is None and batch_split:
-            return averaging_warning("DynSGD", num_workers, "up to 9 points behind, 9 % higher loss on a regression")
-        return base
+    averaging_shortfall = "up to 9 points behind, 9 % higher loss on a regression"
 
     def apply(self, state, center, clock, worker, commit):
         divisor = staleness(clock, commit) + 1
