@@ -166,15 +166,16 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     from elephant.ps.server import PSServer
     from elephant.ps.store import Store
 
-    warning = sm.optimizer.setup_warning(sm.window, num_workers, sm.splits_batch)
+    rule = sm.optimizer.for_fit(sm.model.optimizer, num_workers, sm.splits_batch)
+    warning = rule.setup_warning(sm.window, num_workers, sm.splits_batch)
     if warning:
         log.warning(warning)
 
     worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
     sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,
-                   "window": sm.window, "optimizer": sm.optimizer.get_config()}
+                   "window": sm.window, "optimizer": rule.get_config()}
     log.info(
-        "elephant fit: %d workers, %s, window=%s; %s", num_workers, sm.optimizer.describe(num_workers), sm.window,
+        "elephant fit: %d workers, %s, window=%s; %s", num_workers, rule.describe(num_workers), sm.window,
         f"batch_size={batch_size} is the global batch: each worker trains batches of {worker_batch} "
         "(pass SparkModel(batch_split=False) for full batches per worker)" if worker_batch != batch_size
         else f"each worker trains batches of {batch_size}",
@@ -183,7 +184,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
     center = sm.model.get_weights()
-    store = Store(center, sm.optimizer, sm.mode, num_workers, run, round_timeout=sm.read_timeout)
+    store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout)
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
@@ -199,7 +200,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         server.start()
         sm.ps_url = server.url
         log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
-                 run, server.url, num_workers, sm.mode, sm.optimizer, sm.window)
+                 run, server.url, num_workers, sm.mode, rule, sm.window)
         cbks.on_train_begin()
         metrics_before = store.metrics()
         with tqdm(total=epochs, unit="epoch", disable=not show, desc="elephant") as bar:
@@ -208,7 +209,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 t0 = time.perf_counter()
                 spec = TaskSpec(
                     run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
-                    optimizer=sm.optimizer, window=sm.window, batch_size=worker_batch, mode=sm.mode,
+                    optimizer=rule, window=sm.window, batch_size=worker_batch, mode=sm.mode,
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
                     fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elephant.optimizers.agn import check_step_scale, scaled_step
+from elephant.optimizers.agn import SqrtScaling, check_sqrt_scaling, check_step_scale, scaled_step
 from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
 
 
@@ -23,7 +23,7 @@ def distance_factor(distance, gamma: float):
 
 
 @register
-class ADAG(DistributedOptimizer):
+class ADAG(SqrtScaling, DistributedOptimizer):
     """AGN whose deltas are scaled down, per weight, by how far the center moved.
 
     Worker (as :class:`~elephant.optimizers.AGN`): send ``Δ = (θ − θ_pull) / m``
@@ -54,6 +54,8 @@ class ADAG(DistributedOptimizer):
         staleness_bound: optional SSP bound; default None (unbounded).
         step_scale: as :class:`~elephant.optimizers.AGN`'s; None (default) is
             ``m / K`` with a batch split, 1 the thesis' rule.
+        sqrt_scaling: as :class:`~elephant.optimizers.AGN`'s (``√K`` on the
+            step for an adaptive local optimizer with the batch split).
 
     Raises:
         ConfigError: ``gamma`` or ``step_scale`` is not a positive finite number.
@@ -65,13 +67,14 @@ class ADAG(DistributedOptimizer):
     name = "adag"
     modes = ("asynchronous",)
     default_window = 12
-    averaging_shortfall = "up to 10 points behind, 16 % higher loss on a regression"
+    averaging_shortfall = "up to 5 points behind on an MLP with Adam"
 
     def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None,
-                 step_scale: float | None = None):
+                 step_scale: float | None = None, sqrt_scaling: bool | None = None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.gamma = check_number("gamma", gamma, low=0.0, low_open=True)
         self.step_scale = check_step_scale(step_scale)
+        self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
 
     @property
     def splits_batch(self) -> bool:  # type: ignore[override]
@@ -82,18 +85,20 @@ class ADAG(DistributedOptimizer):
         return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
 
     def server_init(self, center, num_workers):
-        return {"workers": max(int(num_workers), 1)}
+        workers = max(int(num_workers), 1)
+        return {"workers": workers, "gain": self.gain(workers)}
 
     def on_pull(self, state, center, clock, worker):
         return {**state, worker: tree_map(np.copy, center)}
 
     def apply(self, state, center, clock, worker, commit):
         stale = state.get(worker, center)
-        scale = scaled_step(self.step_scale, commit, state.get("workers", 1))
+        scale = state.get("gain", 1.0) * scaled_step(self.step_scale, commit, state.get("workers", 1))
         new_center = tree_map(
             lambda c, d, s: c + scale * d * distance_factor(c - s, self.gamma), center, commit.tensors, stale
         )
         return new_center, None, {**state, worker: tree_map(np.copy, new_center)}
 
     def get_config(self):
-        return {**super().get_config(), "gamma": self.gamma, "step_scale": self.step_scale}
+        return {**super().get_config(), "gamma": self.gamma, "step_scale": self.step_scale,
+                "sqrt_scaling": self.sqrt_scaling}

@@ -279,6 +279,18 @@ class DistributedOptimizer:
             )
         return None
 
+    def for_fit(self, local: Any, num_workers: int, batch_split: bool) -> DistributedOptimizer:
+        """This rule as it will run in one fit: settings left to "auto" resolved.
+
+        ``SparkModel.fit`` and :func:`~elephant.optimizers.simulate_fit` call it at
+        the start of a fit with the model's compiled Keras optimizer (``local``,
+        duck-typed), the number of workers and whether the batch is split, and
+        run the rule it returns (on the server and in every worker). Rules whose
+        default depends on these (AGN's square-root step scaling, say) return a
+        resolved copy; the base class returns ``self``. Never mutate ``self``.
+        """
+        return self
+
     def describe(self, num_workers: int) -> str:
         """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
 
@@ -412,6 +424,24 @@ def worker_batch_size(batch_size: int, num_workers: int, split: bool) -> int:
     center's progress per epoch equal to plain training's.
     """
     return -(-int(batch_size) // int(num_workers)) if split else int(batch_size)
+
+
+#: Keras optimizers that divide each step by a running magnitude of the gradient (or
+#: take its sign), so that a smaller batch gives noisier steps but not smaller ones.
+ADAPTIVE_OPTIMIZERS = frozenset(
+    {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lion", "Lamb"}
+)
+
+
+def adapts_step_size(local: Any) -> bool:
+    """Whether a Keras optimizer normalises its steps (Adam, RMSprop, Adagrad, ...; not SGD).
+
+    Duck-typed on the class names of ``type(local).__mro__`` (a subclass of
+    ``Adam`` counts), looking through a ``LossScaleOptimizer``; an unknown
+    optimizer counts as not adaptive.
+    """
+    local = getattr(local, "inner_optimizer", None) or local
+    return any(cls.__name__ in ADAPTIVE_OPTIMIZERS for cls in type(local).__mro__)
 
 
 def local_setting(local: Any, name: str) -> Any:

@@ -144,6 +144,7 @@ def simulate_fit(
     D.check_xy(x, y)
     window = resolve_window(frequency, opt)
     split = opt.splits_batch if batch_split is None else bool(batch_split)
+    opt = opt.for_fit(model.optimizer, num_workers, split)
     global_batch, batch_size = batch_size, worker_batch_size(batch_size, num_workers, split)
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)

@@ -51,3 +51,15 @@ def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):
     assert "plain averaging (no outer step)" in line and "each worker trains batches of 32" in line
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("batch_split=False" in w and "falls behind model.fit" in w for w in warnings)
+
+
+def test_square_root_scaling_is_decided_at_fit_start_and_logged(spark, digits, caplog):
+    """AGN with the model's Adam and the batch split: each delta gets √K on the server, said in the fit-start log."""
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", optimizer="agn", num_workers=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit_loop"):
+        sm.fit(x_train[:256], y_train[:256], epochs=1, batch_size=32, verbose=0)
+    assert sm.fit_plan["optimizer"]["sqrt_scaling"] is True
+    assert sm.optimizer.sqrt_scaling is None  # the user's rule is left as given, for the next fit
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("elephant fit:"))
+    assert "sqrt(2) = 1.41" in line and "sqrt_scaling=False turns it off" in line
