@@ -185,3 +185,52 @@ def test_hyper_parameters_are_validated(cls, kwargs, message):
 def test_eamsgd_momentum_is_validated(momentum):
     with pytest.raises(ConfigError, match=r"`momentum` must be a real number in \[0, 1\); received momentum="):
         EAMSGD(momentum=momentum)
+
+
+# ------------------------------------------------------------------ progress scaling
+@pytest.mark.parametrize("cls", [EASGD, AEASGD, EAMSGD])
+@pytest.mark.parametrize("workers, scale", [(1, 2.0), (2, 1.5), (4, 1.25)])
+def test_for_fit_gives_the_center_its_share_of_the_progress(cls, workers, scale):
+    rule = cls()
+    resolved = rule.for_fit(None, workers, True)
+    assert resolved.progress_scale == scale and rule.progress_scale is None
+    assert "extrapolated by" in resolved.describe(workers) and "progress_scale=1 is the paper's rule" in resolved.describe(workers)
+    assert cls(progress_scale=1.0).for_fit(None, workers, True).progress_scale == 1.0
+    assert cls(progress_scale=1.0).describe(workers) == repr(cls(progress_scale=1.0))
+
+
+def test_progress_scale_is_validated():
+    with pytest.raises(ConfigError, match=r"received progress_scale=0"):
+        AEASGD(progress_scale=0)
+
+
+def test_extrapolated_exchange_by_hand():
+    # start 0, local weights 1 after the window, g = 1.5: send 1.5; α = 0.5 against center 0: E = 0.75
+    opt = AEASGD(alpha=0.5, progress_scale=1.5)
+    state = opt.worker_init(weights(0.0))
+    payload, state = opt.make_commit(state, weights(1.0), weights(0.0), 4)
+    assert float(payload[0]) == 1.5
+    center, elastic, _ = opt.apply(opt.server_init(weights(0.0), 1), weights(0.0), 0, 0, Commit(payload, 4, 4, 0))
+    assert float(center[0]) == 0.75 and float(elastic[0]) == 0.75
+    x, state = opt.on_reply(state, weights(1.0), Reply(1, center, elastic))
+    assert float(x[0]) == 0.75 and float(state["start"][0]) == 0.75
+    # the sum is conserved around the extrapolated point: 1.5 + 0 = 0.75 + 0.75
+    assert float(x[0] + center[0]) == 1.5
+
+
+def test_extrapolation_offset_is_added_to_weights_that_moved_meanwhile():
+    opt = AEASGD(alpha=0.5, progress_scale=1.5)
+    payload, state = opt.make_commit(opt.worker_init(weights(0.0)), weights(1.0), weights(0.0), 4)
+    x, _ = opt.on_reply(state, weights(1.2), Reply(1, weights(0.75), weights(0.75)))
+    assert float(x[0]) == pytest.approx(1.2 + 0.5 - 0.75, rel=1e-15)
+
+
+@pytest.mark.parametrize("scale, speed", [(1.0, 2 / 3), (1.5, 1.0)])
+def test_center_moves_at_the_workers_speed_with_the_default_scale(scale, speed):
+    """Constant gradient, 2 workers, a step of 0.1 each: the center's speed per round is (K/(K+1))·0.1 in the
+    paper's rule and 0.1 with progress_scale = (K+1)/K."""
+    drift = lambda w: [np.full_like(w[0], -1.0)]  # noqa: E731
+    schedule = [("pull", 0), ("pull", 1)] + [("step", 0, 1), ("step", 1, 1), ("commit", 0), ("commit", 1)] * 300
+    trace = simulate(EASGD(window=1, progress_scale=scale), weights(0.0), [drift, drift], schedule, local_lr=0.1)
+    centers = [float(c[0]) for c in trace.centers]
+    assert (centers[-1] - centers[-101]) / 100 == pytest.approx(0.1 * speed, rel=1e-6)

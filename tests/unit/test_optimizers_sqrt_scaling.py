@@ -68,7 +68,7 @@ def test_an_explicit_setting_wins(name):
     assert get(name, sqrt_scaling=True).for_fit(keras.optimizers.SGD(), 4, True).sqrt_scaling is True
 
 
-@pytest.mark.parametrize("name", ["downpour", "modelaveraging", "delayednesterov", "easgd", "dcasgd"])
+@pytest.mark.parametrize("name", ["downpour", "modelaveraging", "delayednesterov", "dcasgd"])
 def test_other_rules_run_as_given(name):
     rule = get(name)
     assert rule.for_fit(keras.optimizers.Adam(), 4, True) is rule
