@@ -65,6 +65,12 @@ CONFIGS: dict[str, dict] = {
     "eamsgd": dict(mode="asynchronous", optimizer="eamsgd"),
     "modelaveraging": dict(mode="synchronous", optimizer="modelaveraging"),
     "dcasgd": dict(mode="asynchronous", optimizer="dcasgd"),
+    # commits in flight while the worker trains on (SparkModel(overlap=True))
+    "downpour-overlap": dict(mode="asynchronous", optimizer="downpour", overlap=True),
+    "dcasgd-overlap": dict(mode="asynchronous", optimizer="dcasgd", overlap=True),
+    "agn-overlap": dict(mode="asynchronous", optimizer="agn", overlap=True),
+    "dynsgd-overlap": dict(mode="asynchronous", optimizer="dynsgd", overlap=True),
+    "aeasgd-overlap": dict(mode="asynchronous", optimizer="aeasgd", overlap=True),
 }
 DEFAULT_CONFIGS = ("sync-default", "sync-epoch", "async-default", "async-epoch")
 

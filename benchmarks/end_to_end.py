@@ -33,7 +33,13 @@ CONFIGS = [
     ("synchronous/epoch", dict(mode="synchronous", frequency="epoch")),
     ("asynchronous/epoch", dict(mode="asynchronous", frequency="epoch")),
     ("asynchronous/window 8", dict(mode="asynchronous", frequency=8)),
+    ("asynchronous/window 5", dict(mode="asynchronous", frequency=5)),
     ("asynchronous/batch", dict(mode="asynchronous", frequency="batch")),
+    # the same with commits overlapping training (SparkModel(overlap=True))
+    ("hogwild, overlap", dict(mode="hogwild", overlap=True)),
+    ("asynchronous/window 8, overlap", dict(mode="asynchronous", frequency=8, overlap=True)),
+    ("asynchronous/window 5, overlap", dict(mode="asynchronous", frequency=5, overlap=True)),
+    ("asynchronous/batch, overlap", dict(mode="asynchronous", frequency="batch", overlap=True)),
 ]
 
 
@@ -121,9 +127,9 @@ def main() -> None:
 
     print(f"\n{args.samples} samples x {args.epochs} epochs, batch {args.batch_size}, {args.workers} workers "
           f"(worker warm-up {warmup:.1f}s, not included)")
-    print(f"{'configuration':<24}{'seconds':>9}{'samples/s':>11}{'accuracy':>10}{'x plain':>9}{'Δacc pp':>9}")
+    print(f"{'configuration':<32}{'seconds':>9}{'samples/s':>11}{'accuracy':>10}{'x plain':>9}{'Δacc pp':>9}")
     for r in rows:
-        print(f"{r['name']:<24}{r['seconds']:>9.1f}{r['samples_per_second']:>11.0f}{r['accuracy']:>10.4f}"
+        print(f"{r['name']:<32}{r['seconds']:>9.1f}{r['samples_per_second']:>11.0f}{r['accuracy']:>10.4f}"
               f"{r['ratio_to_plain']:>9.2f}{r['accuracy_delta_pp']:>9.2f}")
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"samples": args.samples, "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size,

@@ -166,19 +166,29 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     from elephant.ps.server import PSServer
     from elephant.ps.store import Store
 
-    rule = sm.optimizer.for_fit(sm.model.optimizer, num_workers, sm.splits_batch)
+    rule = sm.optimizer.for_fit(sm.model.optimizer, num_workers, sm.splits_batch, sm.window)
     warning = rule.setup_warning(sm.window, num_workers, sm.splits_batch)
     if warning:
         log.warning(warning)
+    if sm.overlap and sm.window is not None and sm.window < 5 and num_workers > 1:
+        log.warning(
+            "overlap=True with a window of %d steps: each delta then misses the center updates of one more flight, "
+            "which doubles the staleness of short windows; benchmarks/convergence.py measured DOWNPOUR and DC-ASGD at "
+            "window 1 up to 10 points further behind plain Keras at 2 workers and 19 at 4 with overlap than without "
+            "(no loss for AGN, DynSGD and AEASGD at windows of 5 to 32). Use a longer window or overlap=False.",
+            sm.window,
+        )
 
     worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
     sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,
-                   "window": sm.window, "optimizer": rule.get_config()}
+                   "window": sm.window, "optimizer": rule.get_config(), "overlap": sm.overlap}
     log.info(
-        "elephant fit: %d workers, %s, window=%s; %s", num_workers, rule.describe(num_workers), sm.window,
+        "elephant fit: %d workers, %s, window=%s; %s; %s", num_workers, rule.describe(num_workers), sm.window,
         f"batch_size={batch_size} is the global batch: each worker trains batches of {worker_batch} "
         "(pass SparkModel(batch_split=False) for full batches per worker)" if worker_batch != batch_size
         else f"each worker trains batches of {batch_size}",
+        "workers train on while a commit is in flight (overlap=False waits for each reply)" if sm.overlap
+        else "workers wait for each commit's reply",
     )
 
     run = uuid.uuid4().hex[:12]
@@ -212,7 +222,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                     optimizer=rule, window=sm.window, batch_size=worker_batch, mode=sm.mode,
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
-                    fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure,
+                    fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
                 )
                 results = _epoch_job(rdd, spec, barrier)
                 logs = aggregate_logs(results)

@@ -110,6 +110,13 @@ class SparkModel:
             split, so that the workers together take as many optimizer steps per
             epoch as ``model.fit`` would; DOWNPOUR-like rules, which add every
             delta whole, do not. The choice is logged at the start of each fit.
+        overlap: whether a worker keeps training while its commit is in flight
+            (the reply is merged when it arrives: the rule's answer plus the
+            local progress made meanwhile) instead of waiting for it. Default
+            False. True needs an asynchronous mode, a rule that allows it
+            (``optimizer.overlaps``) and no ``staleness_bound`` (an SSP
+            admission must stop the worker). It hides the round trip of short
+            windows; each delta is then one flight staler (docs/architecture.md).
     """
 
     def __init__(
@@ -125,6 +132,7 @@ class SparkModel:
         read_timeout: float = 600.0,
         seed: int | None = 0,
         batch_split: bool | None = None,
+        overlap: bool = False,
     ):
         _check_model(model)
         self.model = model
@@ -150,6 +158,18 @@ class SparkModel:
         if batch_split is not None and not isinstance(batch_split, bool):
             raise ConfigError(f"`batch_split` must be True, False or None; received batch_split={batch_split!r}")
         self.batch_split = batch_split
+        if not isinstance(overlap, bool):
+            raise ConfigError(f"`overlap` must be True or False; received overlap={overlap!r}")
+        if overlap and self.mode == "synchronous":
+            raise ConfigError("`overlap=True` needs an asynchronous mode: a synchronous commit waits for its round; "
+                              f"received mode={self.mode!r}")
+        if overlap and not self.optimizer.overlaps:
+            raise ConfigError(f"{type(self.optimizer).__name__} cannot train on while a commit is in flight; "
+                              "received overlap=True")
+        if overlap and self.optimizer.staleness_bound is not None:
+            raise ConfigError("`overlap=True` cannot honour a staleness_bound (an SSP admission must stop the worker); "
+                              f"received staleness_bound={self.optimizer.staleness_bound!r}")
+        self.overlap = overlap
         self._spark = spark
         self.job_group: str | None = None
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
@@ -173,6 +193,7 @@ class SparkModel:
         """Whether ``fit``'s ``batch_size`` is divided among the workers (see ``batch_split``)."""
         return self.optimizer.splits_batch if self.batch_split is None else self.batch_split
 
+
     def get_settings(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -182,6 +203,7 @@ class SparkModel:
             "read_timeout": self.read_timeout,
             "seed": self.seed,
             "batch_split": self.batch_split,
+            "overlap": self.overlap,
         }
 
     def __reduce__(self):
@@ -278,6 +300,6 @@ class SparkModel:
 def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = None) -> SparkModel:
     """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
     model, settings = load_with_settings(filepath, custom_objects)
-    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split"}
+    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split", "overlap"}
     kwargs = {k: v for k, v in settings.items() if k in known}
     return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)

@@ -39,17 +39,27 @@ class SqrtScaling:
     2022). The rule then multiplies each delta by ``√K`` on the server. SGD's
     steps average to the full batch's exactly and get no factor.
 
+    The argument is about steps: a window's delta is a few of them. With one
+    commit per partition pass the delta is a whole pass, a displacement towards
+    a minimum rather than a step, and scaling it overshoots: the convergence
+    benchmark (simulator, seed 0) measured DynSGD with ``frequency="epoch"`` at
+    2 workers 5.8 points behind plain Keras with the factor and 0.2 ahead
+    without on digits, 40.8 behind against 1.5 ahead on the Conv2D task, while
+    AGN at window 32 gained with it (Conv2D +3.6 against −1.5 at 2 workers,
+    +1.5 against −5.4 at 4).
+
     ``sqrt_scaling=None`` (the default) is decided by :meth:`for_fit`: on when
-    the batch is split among more than one worker and the model's optimizer
-    adapts its step size; outside a fit (``simulate``) it counts as off.
+    the batch is split among more than one worker, the model's optimizer adapts
+    its step size and the fit commits every ``window`` steps (not once per
+    pass); outside a fit (``simulate``) it counts as off.
     """
 
     sqrt_scaling: bool | None = None
 
-    def for_fit(self, local, num_workers, batch_split):
+    def for_fit(self, local, num_workers, batch_split, window):
         if self.sqrt_scaling is not None:
             return self
-        on = bool(batch_split) and int(num_workers) > 1 and adapts_step_size(local)
+        on = bool(batch_split) and int(num_workers) > 1 and window is not None and adapts_step_size(local)
         return type(self).from_config({**self.get_config(), "sqrt_scaling": on})
 
     def gain(self, num_workers: int) -> float:

@@ -193,6 +193,11 @@ class DistributedOptimizer:
     #: step: the shortfall ``benchmarks/convergence.py`` measured against plain training
     #: at 4 workers with the batch split, quoted by :meth:`setup_warning` from 4 workers on.
     averaging_shortfall: ClassVar[str | None] = None
+    #: Whether a worker may train on while its commit is in flight (asynchronous modes):
+    #: the runtime then applies :meth:`on_reply` to the weights as they were sent and adds
+    #: the local progress made meanwhile. A rule that needs each reply before the next
+    #: local step sets False and runs blocking.
+    overlaps: ClassVar[bool] = True
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:
@@ -279,13 +284,14 @@ class DistributedOptimizer:
             )
         return None
 
-    def for_fit(self, local: Any, num_workers: int, batch_split: bool) -> DistributedOptimizer:
+    def for_fit(self, local: Any, num_workers: int, batch_split: bool, window: int | None) -> DistributedOptimizer:
         """This rule as it will run in one fit: settings left to "auto" resolved.
 
         ``SparkModel.fit`` and :func:`~elephant.optimizers.simulate_fit` call it at
         the start of a fit with the model's compiled Keras optimizer (``local``,
-        duck-typed), the number of workers and whether the batch is split, and
-        run the rule it returns (on the server and in every worker). Rules whose
+        duck-typed), the number of workers, whether the batch is split and the
+        fit's window (None: one commit per pass), and run the rule it returns (on
+        the server and in every worker). Rules whose
         default depends on these (AGN's square-root step scaling, say) return a
         resolved copy; the base class returns ``self``. Never mutate ``self``.
         """

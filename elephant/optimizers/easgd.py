@@ -71,7 +71,7 @@ class _Elastic(DistributedOptimizer):
         self.progress_scale = None if progress_scale is None else check_number(
             "progress_scale", progress_scale, low=0.0, low_open=True)
 
-    def for_fit(self, local, num_workers, batch_split):
+    def for_fit(self, local, num_workers, batch_split, window):
         if self.progress_scale is not None:
             return self
         workers = max(int(num_workers), 1)

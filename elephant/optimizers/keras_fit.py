@@ -105,6 +105,7 @@ def simulate_fit(
     step_times: Sequence[float] | None = None,
     custom_objects=None,
     batch_split: bool | None = None,
+    overlap: bool = False,
 ) -> FitTrace:
     """Play ``SparkModel(model, mode, frequency, optimizer, num_workers, seed=seed).fit(x, y, ...)`` in-process.
 
@@ -120,7 +121,8 @@ def simulate_fit(
         validation_data: ``(x_val, y_val)``; the center is evaluated on it after
             every epoch and the results go to ``history`` as ``val_*``.
         step_times: time per local step for each worker (default: all equal).
-        custom_objects, batch_split: as in ``SparkModel``.
+        custom_objects, batch_split, overlap: as in ``SparkModel``; with
+            ``overlap`` each reply is merged after the worker's next local step.
 
     Returns:
         A :class:`FitTrace`.
@@ -144,7 +146,7 @@ def simulate_fit(
     D.check_xy(x, y)
     window = resolve_window(frequency, opt)
     split = opt.splits_batch if batch_split is None else bool(batch_split)
-    opt = opt.for_fit(model.optimizer, num_workers, split)
+    opt = opt.for_fit(model.optimizer, num_workers, split, window)
     global_batch, batch_size = batch_size, worker_batch_size(batch_size, num_workers, split)
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
@@ -166,7 +168,7 @@ def simulate_fit(
 
     trace = simulate(
         opt, model.get_weights(), replicas, schedule, mode=mode, num_workers=num_workers,
-        local_step=_keras_step, num_samples=[batch_size] * num_workers, on_blocked="defer",
+        local_step=_keras_step, num_samples=[batch_size] * num_workers, on_blocked="defer", overlap=overlap,
     )
 
     centers = [trace.centers[i - 1] if i else model.get_weights() for i in epoch_ends]

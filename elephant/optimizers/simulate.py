@@ -103,6 +103,8 @@ class WorkerView:
         active: pulled and not finished.
         held_reply: ``(reply_tensors,)`` while SSP holds back the reply to its last
             commit, else None.
+        inflight: with ``overlap``, ``(reply, weights at send)`` of the commit whose
+            reply has not been merged yet, else None.
     """
 
     weights: Weights | None = None
@@ -115,6 +117,7 @@ class WorkerView:
     samples: int = 0
     active: bool = False
     held_reply: tuple | None = None
+    inflight: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +172,9 @@ class Trace:
 
 # ------------------------------------------------------------------ the simulator
 class _Simulation:
-    def __init__(self, optimizer, init, grad_fns, num_workers, mode, local_step, samples):
+    def __init__(self, optimizer, init, grad_fns, num_workers, mode, local_step, samples, overlap=False):
         self.opt = optimizer
+        self.overlap = overlap
         self.template = init
         self.grad_fns = grad_fns
         self.mode = mode
@@ -221,6 +225,8 @@ class _Simulation:
             tensors, w.held_reply = w.held_reply[0], None
             self.server_state = self.opt.on_pull(self.server_state, tree_map(np.copy, self.center), self.clock, k)
             self._reply(k, tensors)
+        if kind != "step" and w.inflight is not None:
+            self._settle(w)
         getattr(self, "_" + kind)(index, k, w, count)
 
     def _pull(self, index, k, w, count):
@@ -239,6 +245,16 @@ class _Simulation:
             w.weights = weights
             w.steps += 1
             w.samples += self.samples[k]
+            if w.inflight is not None:  # the reply arrives during the first local step after the send
+                self._settle(w)
+
+    def _settle(self, w):
+        """Merge the reply of the commit in flight: the rule's answer for the sent weights plus the progress since."""
+        reply, sent = w.inflight
+        w.inflight = None
+        adopted, w.state = self.opt.on_reply(w.state, sent, reply)
+        w.weights = tree_map(lambda a, now, s: a + (now - s), adopted, w.weights, sent)
+        w.pulled, w.base_clock = reply.center, reply.clock
 
     def _commit(self, index, k, w, count):
         tensors, w.state = self.opt.make_commit(w.state, w.weights, w.pulled, w.steps)
@@ -251,7 +267,11 @@ class _Simulation:
             return
         center, reply_tensors, self.server_state = self.opt.apply(self.server_state, self.center, self.clock, k, commit)
         self._record(center, {k: commit})
-        if self._ssp_wait(k) is None:
+        if self.overlap:  # the worker trains on; the reply is merged after its next local step
+            reply = Reply(clock=self.clock, center=tree_map(np.copy, self.center), tensors=reply_tensors)
+            w.inflight = (reply, tree_map(np.copy, w.weights))
+            w.steps = w.samples = 0
+        elif self._ssp_wait(k) is None:
             self._reply(k, reply_tensors)
         else:  # like the parameter server, answer only once the next window is admitted
             w.held_reply = (reply_tensors,)
@@ -331,6 +351,7 @@ def simulate(
     local_step: LocalStep | None = None,
     num_samples: int | Sequence[int] = 1,
     on_blocked: str = "raise",
+    overlap: bool = False,
 ) -> Trace:
     """Play ``schedule`` through ``optimizer``'s worker and server rules; return the trace.
 
@@ -352,6 +373,11 @@ def simulate(
         num_samples: samples per local step (the batch size), one int or one per
             worker; commits report ``steps × num_samples``. Default 1.
         on_blocked: ``"raise"`` (default) or ``"defer"``; see the module docstring.
+        overlap: play ``SparkModel(overlap=True)`` (asynchronous modes): a commit is
+            applied at once, but its reply is merged into the worker only after
+            the worker's next local step (or before its next commit, finish or
+            pull), as the rule's answer for the sent weights plus the progress
+            made since. Default False.
 
     Returns:
         The :class:`Trace`.
@@ -390,8 +416,15 @@ def simulate(
         raise ConfigError(
             f"`num_samples` must be an int >= 0 or one per worker ({num_workers}); received num_samples={num_samples!r}"
         )
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"`overlap` must be True or False; received overlap={overlap!r}")
+    if overlap and (mode == "synchronous" or optimizer.staleness_bound is not None or not optimizer.overlaps):
+        raise ConfigError(
+            "`overlap=True` needs an asynchronous mode, a rule that allows it and no staleness_bound; received "
+            f"mode={mode!r}, {type(optimizer).__name__}(staleness_bound={optimizer.staleness_bound!r})"
+        )
     step = sgd(local_lr) if local_step is None else local_step
-    sim = _Simulation(optimizer, init, grad_fns, num_workers, mode, step, [int(s) for s in samples])
+    sim = _Simulation(optimizer, init, grad_fns, num_workers, mode, step, [int(s) for s in samples], overlap)
 
     deferred: dict[int, deque] = {k: deque() for k in range(num_workers)}
     blocked: list[Blocked] = []

@@ -192,10 +192,10 @@ def test_eamsgd_momentum_is_validated(momentum):
 @pytest.mark.parametrize("workers, scale", [(1, 2.0), (2, 1.5), (4, 1.25)])
 def test_for_fit_gives_the_center_its_share_of_the_progress(cls, workers, scale):
     rule = cls()
-    resolved = rule.for_fit(None, workers, True)
+    resolved = rule.for_fit(None, workers, True, 32)
     assert resolved.progress_scale == scale and rule.progress_scale is None
     assert "extrapolated by" in resolved.describe(workers) and "progress_scale=1 is the paper's rule" in resolved.describe(workers)
-    assert cls(progress_scale=1.0).for_fit(None, workers, True).progress_scale == 1.0
+    assert cls(progress_scale=1.0).for_fit(None, workers, True, 32).progress_scale == 1.0
     assert cls(progress_scale=1.0).describe(workers) == repr(cls(progress_scale=1.0))
 
 

@@ -163,10 +163,10 @@ def test_delayed_nesterov_with_short_windows_and_many_workers_is_warned_about():
 
 @pytest.mark.parametrize("name", ["easgd", "aeasgd", "eamsgd"])
 def test_elastic_rules_warn_from_four_workers_and_in_the_papers_form(name):
-    rule = get(name).for_fit(None, 2, True)
+    rule = get(name).for_fit(None, 2, True, 32)
     assert rule.setup_warning(rule.window, 1, batch_split=True) is None
     assert rule.setup_warning(rule.window, 2, batch_split=True) is None
-    message = get(name).for_fit(None, 4, True).setup_warning(rule.window, 4, batch_split=True)
+    message = get(name).for_fit(None, 4, True, 32).setup_warning(rule.window, 4, batch_split=True)
     assert "3 to 10 points behind" in message and "optimizer=None" in message
     paper = get(name, progress_scale=1.0).setup_warning(rule.window, 2, batch_split=True)
     assert "3 to 7 points behind" in paper and "progress_scale=None" in paper

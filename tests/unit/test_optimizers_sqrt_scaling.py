@@ -56,22 +56,29 @@ def test_adaptive_optimizers_are_recognised(local, adaptive):
 ])
 def test_for_fit_turns_it_on_for_adaptive_optimizers_on_a_split_batch(name, local, workers, split, on):
     rule = get(name)
-    resolved = rule.for_fit(local, workers, split)
+    resolved = rule.for_fit(local, workers, split, rule.window)
     assert resolved.sqrt_scaling is on
     assert rule.sqrt_scaling is None  # the user's rule is not changed
     assert resolved.window == rule.window and type(resolved) is type(rule)
 
 
 @pytest.mark.parametrize("name", RULES)
+def test_one_commit_per_pass_gets_no_factor(name):
+    """A pass's delta is a displacement, not a step: the factor overshot it in the convergence benchmark."""
+    assert get(name).for_fit(keras.optimizers.Adam(), 4, True, None).sqrt_scaling is False
+    assert get(name).for_fit(keras.optimizers.Adam(), 4, True, 32).sqrt_scaling is True
+
+
+@pytest.mark.parametrize("name", RULES)
 def test_an_explicit_setting_wins(name):
-    assert get(name, sqrt_scaling=False).for_fit(keras.optimizers.Adam(), 4, True).sqrt_scaling is False
-    assert get(name, sqrt_scaling=True).for_fit(keras.optimizers.SGD(), 4, True).sqrt_scaling is True
+    assert get(name, sqrt_scaling=False).for_fit(keras.optimizers.Adam(), 4, True, 5).sqrt_scaling is False
+    assert get(name, sqrt_scaling=True).for_fit(keras.optimizers.SGD(), 4, True, None).sqrt_scaling is True
 
 
 @pytest.mark.parametrize("name", ["downpour", "modelaveraging", "delayednesterov", "dcasgd"])
 def test_other_rules_run_as_given(name):
     rule = get(name)
-    assert rule.for_fit(keras.optimizers.Adam(), 4, True) is rule
+    assert rule.for_fit(keras.optimizers.Adam(), 4, True, 5) is rule
 
 
 @pytest.mark.parametrize("name", RULES)

@@ -266,3 +266,29 @@ def test_models_with_custom_objects_never_share_a_replica():
     model = _model()
     assert replica_structure(model, None) == structure_fingerprint(model)
     assert replica_structure(model, {"Scale": Scale}) == ""  # a replica of the fit's own, as before
+
+
+def test_weight_access_reads_and_writes_what_keras_would():
+    class Mixed(keras.layers.Layer):
+        def build(self, shape):
+            self.w64 = self.add_weight(shape=(shape[-1],), dtype="float64", initializer="ones")
+            self.count = self.add_weight(shape=(), dtype="int32", initializer="zeros", trainable=False)
+
+        def call(self, x):
+            return x * keras.ops.cast(self.w64, x.dtype)
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(), Mixed(),
+                              keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(), "mse")
+    access = worker.weight_access(model)
+    assert worker.weight_access(model) is access
+    for got, want in zip(access.get(), model.get_weights(), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    rng = np.random.default_rng(1)
+    new = [rng.normal(size=w.shape).astype(w.dtype) if w.dtype.kind == "f" else np.full(w.shape, 7, w.dtype)
+           for w in model.get_weights()]
+    access.set(new)
+    for got, want in zip(model.get_weights(), new, strict=True):
+        np.testing.assert_array_equal(got, want)
