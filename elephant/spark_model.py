@@ -13,6 +13,7 @@ from elephant import optimizers as O
 from elephant import session
 from elephant.errors import ConfigError, DataError
 from elephant.model_io import load_with_settings, save_with_settings
+from elephant.optimizers.base import check_overlap
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +159,7 @@ class SparkModel:
         if batch_split is not None and not isinstance(batch_split, bool):
             raise ConfigError(f"`batch_split` must be True, False or None; received batch_split={batch_split!r}")
         self.batch_split = batch_split
-        if not isinstance(overlap, bool):
-            raise ConfigError(f"`overlap` must be True or False; received overlap={overlap!r}")
-        if overlap and self.mode == "synchronous":
-            raise ConfigError("`overlap=True` needs an asynchronous mode: a synchronous commit waits for its round; "
-                              f"received mode={self.mode!r}")
-        if overlap and not self.optimizer.overlaps:
-            raise ConfigError(f"{type(self.optimizer).__name__} cannot train on while a commit is in flight; "
-                              "received overlap=True")
-        if overlap and self.optimizer.staleness_bound is not None:
-            raise ConfigError("`overlap=True` cannot honour a staleness_bound (an SSP admission must stop the worker); "
-                              f"received staleness_bound={self.optimizer.staleness_bound!r}")
-        self.overlap = overlap
+        self.overlap = check_overlap(overlap, self.optimizer, self.mode)
         self._spark = spark
         self.job_group: str | None = None
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
@@ -192,7 +182,6 @@ class SparkModel:
     def splits_batch(self) -> bool:
         """Whether ``fit``'s ``batch_size`` is divided among the workers (see ``batch_split``)."""
         return self.optimizer.splits_batch if self.batch_split is None else self.batch_split
-
 
     def get_settings(self) -> dict[str, Any]:
         return {

@@ -178,9 +178,9 @@ class WeightAccess:
 
         self.model = model
         self._read = self._write = None
-        variables = list(model.weights)
+        variables = list(model.weights) if isinstance(model, keras.Model) else []
         if keras.backend.backend() != "tensorflow" or not variables:
-            return
+            return  # another backend, or a test double with get_weights/set_weights
         import tensorflow as tf
 
         tvars = [v.value for v in variables]
@@ -221,16 +221,10 @@ _ACCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weight_access(model) -> WeightAccess:
-    """The model's :class:`WeightAccess`, built once per model (a model that is not a Keras
-    model, e.g. a test double with ``get_weights``/``set_weights``, gets a plain adapter)."""
+    """The model's :class:`WeightAccess`, built once per model."""
     access = _ACCESS.get(model)
     if access is None:
-        if hasattr(model, "weights") and hasattr(model, "optimizer"):
-            access = WeightAccess(model)
-        else:
-            access = WeightAccess.__new__(WeightAccess)
-            access.model, access._read, access._write = model, None, None
-        _ACCESS[model] = access
+        access = _ACCESS[model] = WeightAccess(model)
     return access
 
 

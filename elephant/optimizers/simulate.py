@@ -63,7 +63,7 @@ import numpy as np
 
 from elephant import weights as W
 from elephant.errors import ConfigError
-from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply, tree_map
+from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply, check_overlap, tree_map
 from elephant.optimizers.steps import GradFn, LocalStep, nesterov, quadratic, sgd
 
 __all__ = [
@@ -416,13 +416,7 @@ def simulate(
         raise ConfigError(
             f"`num_samples` must be an int >= 0 or one per worker ({num_workers}); received num_samples={num_samples!r}"
         )
-    if not isinstance(overlap, bool):
-        raise ConfigError(f"`overlap` must be True or False; received overlap={overlap!r}")
-    if overlap and (mode == "synchronous" or optimizer.staleness_bound is not None or not optimizer.overlaps):
-        raise ConfigError(
-            "`overlap=True` needs an asynchronous mode, a rule that allows it and no staleness_bound; received "
-            f"mode={mode!r}, {type(optimizer).__name__}(staleness_bound={optimizer.staleness_bound!r})"
-        )
+    check_overlap(overlap, optimizer, mode)
     step = sgd(local_lr) if local_step is None else local_step
     sim = _Simulation(optimizer, init, grad_fns, num_workers, mode, step, [int(s) for s in samples], overlap)
 
