@@ -13,6 +13,7 @@ from elephant import optimizers as O  # noqa: E402
 from elephant import worker  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
+from tests.unit.helpers import tiny_model  # noqa: E402
 
 
 class RecordingClient:
@@ -37,12 +38,6 @@ class RecordingClient:
         self.store.finish(run, epoch, partition, attempt)
 
 
-def _model():
-    keras.utils.set_random_seed(0)
-    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    m.compile(keras.optimizers.SGD(0.05), "mse")
-    return m
-
 
 def _spec(model_bytes, run, window, optimizer=None, epoch=0, batch_size=32):
     return worker.TaskSpec(
@@ -52,20 +47,13 @@ def _spec(model_bytes, run, window, optimizer=None, epoch=0, batch_size=32):
     )
 
 
-@pytest.fixture(scope="module")
-def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(100, 3)).astype("float32")
-    y = (x @ np.array([[1.0, -1.0], [0.5, 2.0], [0.0, 1.0]], dtype="float32")).astype("float32")
-    return x, y
 
-
-def test_partial_last_window_is_flushed_with_true_counts(data):
-    model = _model()
+def test_partial_last_window_is_flushed_with_true_counts(linear_data):
+    model = tiny_model()
     data_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-a")
     client = RecordingClient(store)
-    (stats,) = worker.run_partition(_spec(data_bytes, "run-a", window=3), 0, 11, [data], client)
+    (stats,) = worker.run_partition(_spec(data_bytes, "run-a", window=3), 0, 11, [linear_data], client)
     # 100 samples, batch 32 -> 4 steps (32, 32, 32, 4); window 3 -> commits of 3 and 1 steps
     assert [(c[1], c[2]) for c in client.commits] == [(3, 96), (1, 4)]
     assert [c[0].step for c in client.commits] == [0, 1]
@@ -76,27 +64,27 @@ def test_partial_last_window_is_flushed_with_true_counts(data):
     assert np.isfinite(stats["logs"]["loss"])
 
 
-def test_single_worker_downpour_equals_local_training(data):
+def test_single_worker_downpour_equals_local_training(linear_data):
     """n = 1: the center after the fit equals the worker's own weights (T2.1 at model scale)."""
-    model = _model()
+    model = tiny_model()
     model_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-b")
-    worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [data], RecordingClient(store))
+    worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [linear_data], RecordingClient(store))
     local = worker.training_model(_spec(model_bytes, "run-b", window=2))
     for c, w in zip(store.center(), local.get_weights()):
         np.testing.assert_allclose(c, w, rtol=1e-6, atol=1e-7)
     assert not np.allclose(store.center()[0], model.get_weights()[0])  # it did train
 
 
-def test_model_is_built_once_per_process_and_run(data):
-    model = _model()
+def test_model_is_built_once_per_process_and_run(linear_data):
+    model = tiny_model()
     model_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-c")
     client = RecordingClient(store)
-    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=0), 0, 1, [data], client)
+    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=0), 0, 1, [linear_data], client)
     first = worker.training_model(_spec(model_bytes, "run-c", window=None))
     iterations = int(first.optimizer.iterations.numpy())
-    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=1), 0, 2, [data], client)
+    worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=1), 0, 2, [linear_data], client)
     again = worker.training_model(_spec(model_bytes, "run-c", window=None))
     assert again is first
     # the local Keras optimizer state persists across epochs within a process
@@ -124,18 +112,18 @@ def _store(model, run):
     return Store(model.get_weights(), O.Downpour(), "asynchronous", 1, run)
 
 
-def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(data):
+def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(linear_data):
     from elephant.model_io import structure_fingerprint
 
     first, second = _adam_model(1), _adam_model(2)
     structure = structure_fingerprint(first)
     assert structure == structure_fingerprint(second)  # other weights, other auto names: same structure
-    assert structure != structure_fingerprint(_model())
+    assert structure != structure_fingerprint(tiny_model())
 
     def replica(model, run):
         return worker.training_model(dataclasses.replace(_spec(model_to_bytes(model), run, window=2), structure=structure))
 
-    _fit_epochs(first, _store(first, "share-a"), "share-a", [0], data, structure)
+    _fit_epochs(first, _store(first, "share-a"), "share-a", [0], linear_data, structure)
     shared = replica(first, "share-a")
     assert int(shared.optimizer.iterations.numpy()) == 4
     moments_a = [np.array(v) for v in shared.optimizer.variables]
@@ -146,7 +134,7 @@ def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(dat
     assert all(not np.any(np.array(v)) for v in shared.optimizer.variables if "iteration" not in v.path
                and "learning_rate" not in v.path)
     assert float(shared.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
-    _fit_epochs(second, _store(second, "share-b"), "share-b", [0], data, structure)
+    _fit_epochs(second, _store(second, "share-b"), "share-b", [0], linear_data, structure)
 
     # the first fit comes back to its own moments
     assert replica(first, "share-a") is shared
@@ -154,23 +142,23 @@ def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(dat
         np.testing.assert_array_equal(np.array(v), want)
 
 
-def test_a_fit_interleaved_with_another_on_its_replica_trains_as_if_alone(data):
+def test_a_fit_interleaved_with_another_on_its_replica_trains_as_if_alone(linear_data):
     from elephant.model_io import structure_fingerprint
 
     model, other = _adam_model(3), _adam_model(4)
-    alone = _fit_epochs(model, _store(model, "alone"), "alone", [0, 1], data, structure="")  # a replica of its own
+    alone = _fit_epochs(model, _store(model, "alone"), "alone", [0, 1], linear_data, structure="")  # a replica of its own
     structure = structure_fingerprint(model)
     mixed = _store(model, "mixed")
-    _fit_epochs(model, mixed, "mixed", [0], data, structure)
-    _fit_epochs(other, _store(other, "intruder"), "intruder", [0, 1], data, structure)
-    _fit_epochs(model, mixed, "mixed", [1], data, structure)
+    _fit_epochs(model, mixed, "mixed", [0], linear_data, structure)
+    _fit_epochs(other, _store(other, "intruder"), "intruder", [0, 1], linear_data, structure)
+    _fit_epochs(model, mixed, "mixed", [1], linear_data, structure)
     assert not np.allclose(alone[0], model.get_weights()[0])  # it trained
     for got, want in zip(mixed.center(), alone, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_empty_partition_only_finishes(data):
-    model = _model()
+def test_empty_partition_only_finishes(linear_data):
+    model = tiny_model()
     model_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 2, "run-d")
     client = RecordingClient(store)
@@ -198,11 +186,11 @@ def test_fault_marker_fires_once(tmp_path):
 
 
 @pytest.mark.parametrize("window", [1, 2, None])
-def test_a_diverging_worker_stops_its_pass_and_never_commits_non_finite_weights(data, window):
-    x, y = data
+def test_a_diverging_worker_stops_its_pass_and_never_commits_non_finite_weights(linear_data, window):
+    x, y = linear_data
     y_bad = y.copy()
     y_bad[40:] = np.inf  # the loss turns non-finite at the second batch (batch size 32)
-    model = _model()
+    model = tiny_model()
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, f"run-nan-{window}")
     client = RecordingClient(store)
     spec = dataclasses.replace(_spec(model_to_bytes(model), f"run-nan-{window}", window=window), shuffle=False)
@@ -215,18 +203,18 @@ def test_a_diverging_worker_stops_its_pass_and_never_commits_non_finite_weights(
     assert client.finished == [(f"run-nan-{window}", 0, 0, 1)]  # it still leaves rounds and SSP
 
 
-def test_the_worker_pass_equals_keras_fit(data):
+def test_the_worker_pass_equals_keras_fit(linear_data):
     """Canary for Keras upgrades: the pass drives Keras' compiled train step directly
     (``make_train_function``/``train_function``); one pass must equal ``model.fit`` for
     one unshuffled epoch (weights, optimizer steps and the reported loss)."""
-    x, y = data
-    model = _model()
+    x, y = linear_data
+    model = tiny_model()
     model_bytes = model_to_bytes(model)
     reference = worker.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference")
     fitted = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-canary")
     spec = dataclasses.replace(_spec(model_bytes, "run-canary", window=None), shuffle=False)
-    (stats,) = worker.run_partition(spec, 0, 1, [data], RecordingClient(store))
+    (stats,) = worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
     mine = worker.training_model(spec)
     assert mine is not reference
     for a, b in zip(mine.get_weights(), reference.get_weights()):
@@ -235,7 +223,7 @@ def test_the_worker_pass_equals_keras_fit(data):
     assert stats["logs"]["loss"] == pytest.approx(fitted.history["loss"][0], rel=1e-5)
 
 
-def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state(data):
+def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state(linear_data):
     from elephant.model_io import structure_fingerprint
 
     def functional(seed, units=2, optimizer="adam"):
@@ -251,7 +239,7 @@ def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state
     assert structure_fingerprint(a) != structure_fingerprint(functional(0, units=3))
     assert structure_fingerprint(a) != structure_fingerprint(functional(0, optimizer="sgd"))
     assert structure_fingerprint(a) != structure_fingerprint(functional(0, optimizer=keras.optimizers.Adam(2e-3)))
-    b.fit(*data, epochs=1, verbose=0)  # optimizer state travels in the archive: a trained one is another structure
+    b.fit(*linear_data, epochs=1, verbose=0)  # optimizer state travels in the archive: a trained one is another structure
     assert structure_fingerprint(a) != structure_fingerprint(b)
 
 
@@ -263,7 +251,7 @@ def test_models_with_custom_objects_never_share_a_replica():
         def call(self, x):
             return 2.0 * x
 
-    model = _model()
+    model = tiny_model()
     assert replica_structure(model, None) == structure_fingerprint(model)
     assert replica_structure(model, {"Scale": Scale}) == ""  # a replica of the fit's own, as before
 

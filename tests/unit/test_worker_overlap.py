@@ -19,6 +19,7 @@ from elephant.errors import ConfigError  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.client import InProcessClient  # noqa: E402
 from elephant.ps.store import CommitKey, Store  # noqa: E402
+from tests.unit.helpers import tiny_model  # noqa: E402
 
 
 class HeldClient(InProcessClient):
@@ -117,28 +118,15 @@ def test_at_most_one_commit_is_in_flight():
     win.close()
 
 
-def _tiny_model():
-    keras.utils.set_random_seed(0)
-    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    m.compile(keras.optimizers.SGD(0.05), "mse")
-    return m
 
 
-@pytest.fixture(scope="module")
-def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(100, 3)).astype("float32")
-    y = (x @ np.array([[1.0, -1.0], [0.5, 2.0], [0.0, 1.0]], dtype="float32")).astype("float32")
-    return x, y
-
-
-def test_the_last_partial_window_is_flushed_after_the_commit_in_flight(data):
-    model = _tiny_model()
+def test_the_last_partial_window_is_flushed_after_the_commit_in_flight(linear_data):
+    model = tiny_model()
     archive = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-f")
     client = HeldClient(store, hold=False, delay=0.05)
     spec = _spec(O.Downpour(), window=3, model_bytes=archive, run="run-f")
-    (stats,) = worker.run_partition(spec, 0, 7, [data], client)
+    (stats,) = worker.run_partition(spec, 0, 7, [linear_data], client)
     # 100 samples, batch 32: 4 steps; the window of 3 is in flight during step 4, then the flush of 1 step
     assert client.sent == [(0, 3, 96), (1, 1, 4)]
     assert stats["commits"] == 2 and store.metrics()["commits_applied"] == 2
@@ -148,17 +136,17 @@ def test_the_last_partial_window_is_flushed_after_the_commit_in_flight(data):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_a_task_failing_with_a_commit_in_flight_is_retried_exactly_once(data, tmp_path):
-    model = _tiny_model()
+def test_a_task_failing_with_a_commit_in_flight_is_retried_exactly_once(linear_data, tmp_path):
+    model = tiny_model()
     archive = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-r")
     client = HeldClient(store, hold=False, delay=0.05)
     fault = f"partition=0,step=2,kind=raise,marker={tmp_path / 'fired'}"
     spec = _spec(O.Downpour(), window=1, model_bytes=archive, fault=fault, run="run-r")
     with pytest.raises(RuntimeError, match="injected fault"):
-        worker.run_partition(spec, 0, 1, [data], client)  # commits 0 and 1 sent, the second in flight
+        worker.run_partition(spec, 0, 1, [linear_data], client)  # commits 0 and 1 sent, the second in flight
     assert [s[0] for s in client.sent] == [0, 1]  # the one in flight completed before the task gave up
-    (stats,) = worker.run_partition(spec, 0, 2, [data], client)  # Spark's retry, a newer attempt
+    (stats,) = worker.run_partition(spec, 0, 2, [linear_data], client)  # Spark's retry, a newer attempt
     keys = [key for key, _ in store.ledger()]
     assert len(keys) == len(set(keys)) == 4  # steps 0-3 applied once each: the retry's 0 and 1 were replays
     assert stats["commits"] == 4 and store.metrics()["replays_dropped"] == 2
@@ -167,7 +155,7 @@ def test_a_task_failing_with_a_commit_in_flight_is_retried_exactly_once(data, tm
 def test_spark_model_overlap_setting():
     from elephant import SparkModel
 
-    model = _tiny_model()
+    model = tiny_model()
     assert SparkModel(model, mode="asynchronous", spark=object()).overlap is False
     assert SparkModel(model, mode="hogwild", overlap=True, spark=object()).overlap is True
     with pytest.raises(ConfigError, match="received overlap='yes'"):
