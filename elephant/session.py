@@ -4,13 +4,45 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 
 from elephant.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["get_or_create", "task_slots", "ps_host", "check_barrier_slots"]
+__all__ = ["active", "get_or_create", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots"]
+
+
+def active():
+    """The active (or last instantiated) SparkSession, else None."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() or SparkSession._instantiatedSession
+
+
+def install_interrupt_handler(sc) -> bool:
+    """On the main thread, make Ctrl-C cancel ``sc``'s jobs, as PySpark does for a session made there.
+
+    PySpark installs that handler only when the SparkContext is created on the
+    main thread; a session made by a background thread (the warm-up) gets it
+    here. Python's default SIGINT handler is replaced, nobody else's.
+    Returns whether it was installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+
+    def cancel_and_interrupt(signum, frame):
+        try:
+            sc.cancelAllJobs()
+        finally:
+            raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, cancel_and_interrupt)
+    return True
 
 
 def get_or_create():
@@ -21,11 +53,9 @@ def get_or_create():
     ``sys.executable`` when unset). Its worker daemon is :mod:`elephant.daemon`,
     which imports TensorFlow once before forking workers.
     """
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession() or SparkSession._instantiatedSession
-    if active is not None:
-        return active
+    session = active()
+    if session is not None:
+        return session
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     log.info("no active SparkSession; starting an embedded local[*] session on 127.0.0.1")

@@ -11,6 +11,7 @@ import numpy as np
 from elephant import data as D
 from elephant import optimizers as O
 from elephant import session
+from elephant.warmup import WarmUp
 from elephant.errors import ConfigError, DataError
 from elephant.model_io import load_with_settings, save_with_settings
 from elephant.optimizers.base import check_overlap
@@ -99,6 +100,10 @@ class SparkModel:
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.
         spark: a SparkSession; default: the active one, else an embedded local one.
+            Creating a SparkModel starts Spark's Python workers (TensorFlow
+            imported) in the background, once per SparkContext, so the first
+            fit does not wait for them (:mod:`elephant.warmup`; the conf
+            ``spark.elephant.warmUp=false`` turns it off).
         custom_objects: custom layers/losses needed to rebuild the model on workers.
         read_timeout: seconds a worker waits for a parameter-server reply
             (default 600: a synchronous commit waits for the whole round).
@@ -166,10 +171,17 @@ class SparkModel:
         self.fit_plan: dict[str, Any] | None = None  # workers, batch per worker and window of the last fit
         self.last_ledger: list | None = None  # applied (key, attempt) pairs of the last fit, in order
         self.ps_url: str | None = None  # address of the last fit's parameter server
+        self._warm_up = WarmUp.start(spark, self.num_workers)  # Python workers start while the user prepares data
 
     # ------------------------------------------------------------------ setup
     @property
     def spark(self):
+        warm, self._warm_up = self._warm_up, None
+        if warm is not None and self._spark is None:  # it may be making the embedded session: take that one
+            warm.ready.wait()
+            if warm.made_session:
+                session.install_interrupt_handler(warm.session.sparkContext)
+            self._spark = warm.session
         if self._spark is None:
             self._spark = session.get_or_create()
         return self._spark

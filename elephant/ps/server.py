@@ -294,7 +294,7 @@ class PSServer:
             finally:
                 sock.close()  # the server holds its own duplicate of the descriptor
             self._thread = threading.Thread(
-                target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="elephant-ps-serve", daemon=True
+                target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="elephant-ps-serve", daemon=True
             )
             self._thread.start()
         try:
@@ -332,7 +332,7 @@ class PSServer:
                 return
             self._store.close()
             server.shutdown()
-            thread.join()
+            thread.join()  # shutdown() returns within one poll interval (20 ms) of the serve loop
             server.close_all()
             self._thread = None
             logger.info("parameter server of run %s on %s:%d stopped", self._store.run, self._host, server.port)

@@ -98,3 +98,17 @@ def test_one_spark_job_per_epoch_over_data_cached_once(spark, digits, mode):
     assert all(len(s) == 1 for s in stages)  # no shuffle: each epoch is one stage over the cached blocks
     assert sm.last_metrics["commits_applied" if mode == "asynchronous" else "rounds_applied"] == (6 if mode == "asynchronous" else 3)
     assert sc._jsc.getPersistentRDDs().size() == persisted  # the cached blocks are released after the fit
+
+
+def test_a_spark_model_warms_the_python_workers_its_jobs_then_use(spark, digits):
+    import os
+
+    from elephant import warmup
+
+    sm = SparkModel(digits_model(), num_workers=2, spark=spark)
+    assert sm._warm_up is not None
+    sm._warm_up.wait(120)
+    owner = warmup._STARTED[spark.sparkContext]  # this SparkModel's, or the first one of the session
+    assert owner.wait(120) and owner.error is None and owner.pids
+    used = spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda _: [os.getpid()]).collect()
+    assert set(used) <= set(owner.pids)  # reused, not started again

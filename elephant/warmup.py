@@ -1,0 +1,131 @@
+"""Start Spark's Python workers, with TensorFlow in them, before the first fit needs them.
+
+The first Spark job of a session pays for starting its Python workers and for
+importing TensorFlow and Keras in them: about 6 s on a 2-core machine
+(``benchmarks/first_fit.py``). A :class:`SparkModel <elephant.SparkModel>`
+therefore starts a tiny job in a background thread when it is created: one task
+per task slot (at most ``num_workers``) that imports Keras and TensorFlow. (A
+train step on a toy model as well was measured: it saved 0.2-0.4 s when the
+fit came later but cost 1 s when the fit came at once, so it is not done.)
+Spark reuses those Python workers for the fit's tasks
+(``spark.python.worker.reuse``, on by default), so the time the user spends
+preparing data between ``SparkModel(...)`` and ``fit`` is taken off the first
+fit. Without an active session the thread also makes the embedded one (and
+the first ``fit``, on the main thread, installs the Ctrl-C handler PySpark
+installs only when a session is made there: cancel all jobs, then raise
+``KeyboardInterrupt``).
+
+It runs once per SparkContext. ``fit``, ``evaluate`` and ``predict`` do not wait
+for it: their jobs queue behind it in Spark's scheduler and run in the workers
+it started, while the driver prepares the fit meanwhile (waiting for it before
+that preparation was measured 0.75 s slower when the fit came at once). A failure is logged and otherwise ignored: the fit then starts the workers
+itself. Set ``spark.elephant.warmUp=false`` in the session's conf to turn it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WarmUp", "CONF_KEY"]
+
+#: Spark conf key that turns the warm-up off when set to ``false``.
+CONF_KEY = "spark.elephant.warmUp"
+
+_STARTED: weakref.WeakKeyDictionary[Any, WarmUp] = weakref.WeakKeyDictionary()  # SparkContext -> its warm-up
+_LOCK = threading.Lock()
+
+
+def _warm_task(_: Any):
+    """In a Python worker: import Keras with its TensorFlow backend (the slow part of a first task)."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    yield os.getpid()
+
+
+class WarmUp:
+    """A background thread that runs the warm-up job once per SparkContext.
+
+    Args:
+        spark: the session to warm, or None for the active (else embedded) one.
+        num_workers: tasks to start, at most the cluster's task slots; None for
+            every slot.
+    """
+
+    def __init__(self, spark: Any, num_workers: int | None):
+        self._spark = spark
+        self._num_workers = num_workers
+        self.pids: list[int] = []  # Python worker processes that ran a warm-up task
+        self.session: Any = spark  # the session warmed (made here when ``spark`` is None and none is active)
+        self.made_session = False
+        self.ready = threading.Event()  # set once ``session`` is known (or the warm-up failed)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="elephant-warm-up", daemon=True)
+
+    @classmethod
+    def start(cls, spark: Any, num_workers: int | None) -> WarmUp | None:
+        """Start warming ``spark`` (None: the active or embedded session) unless it is not a classic session."""
+        if spark is not None and not _is_classic_session(spark):
+            return None  # Spark Connect or a stand-in: nothing to warm here
+        warm = cls(spark, num_workers)
+        warm._thread.start()
+        return warm
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the warm-up has ended (True) or ``timeout`` seconds passed (False)."""
+        if self._thread is threading.current_thread():
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            from elephant import session
+
+            spark = self._spark
+            if spark is None:
+                before = session.active()
+                spark = session.get_or_create()
+                self.session, self.made_session = spark, before is None
+            self.ready.set()
+            sc = spark.sparkContext
+            if sc.getConf().get(CONF_KEY, "true").strip().lower() == "false":
+                return
+            with _LOCK:
+                if sc in _STARTED:
+                    other = _STARTED[sc]
+                else:
+                    _STARTED[sc], other = self, None
+            if other is not None:  # another SparkModel of this context warms it: wait for that one
+                other.wait()
+                return
+            import elephant.ps.app  # noqa: F401 - the driver's parameter server stack (Flask), imported meanwhile
+
+            tasks = session.task_slots(sc)
+            if self._num_workers is not None:
+                tasks = min(tasks, self._num_workers)
+            sc.setJobDescription("elephant: start Python workers and TensorFlow")
+            self.pids = sc.parallelize(range(tasks), tasks).mapPartitions(_warm_task).collect()
+            log.debug("warm-up ran in Python workers %s", self.pids)
+        except Exception as exc:  # best effort: the fit starts the workers itself
+            self.error = exc
+            log.info("warming up Spark's Python workers failed (%s: %s); the first fit will start them",
+                     type(exc).__name__, exc)
+        finally:
+            self.ready.set()
+
+
+def _is_classic_session(spark: Any) -> bool:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return False
+    return isinstance(spark, SparkSession) and "connect" not in type(spark).__module__
