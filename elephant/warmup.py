@@ -5,8 +5,8 @@ importing TensorFlow and Keras in them: about 6 s on a 2-core machine
 (``benchmarks/first_fit.py``). A :class:`SparkModel <elephant.SparkModel>`
 therefore starts a tiny job in a background thread when it is created: one task
 per task slot (at most ``num_workers``) that imports Keras and TensorFlow. (A
-train step on a toy model as well was measured: it saved 0.2-0.4 s when the
-fit came later but cost 1 s when the fit came at once, so it is not done.)
+train step on a toy model as well was measured: no gain after a gap, 1 s lost
+when the fit came at once, so it is not done.)
 Spark reuses those Python workers for the fit's tasks
 (``spark.python.worker.reuse``, on by default), so the time the user spends
 preparing data between ``SparkModel(...)`` and ``fit`` is taken off the first
