@@ -71,6 +71,10 @@ CONFIGS: dict[str, dict] = {
     "agn-overlap": dict(mode="asynchronous", optimizer="agn", overlap=True),
     "dynsgd-overlap": dict(mode="asynchronous", optimizer="dynsgd", overlap=True),
     "aeasgd-overlap": dict(mode="asynchronous", optimizer="aeasgd", overlap=True),
+    # synchronous: the next window trains while the round closes
+    "sync-default-overlap": dict(mode="synchronous", overlap=True),
+    "modelaveraging-overlap": dict(mode="synchronous", optimizer="modelaveraging", overlap=True),
+    "easgd-overlap": dict(mode="synchronous", optimizer="easgd", overlap=True),
 }
 DEFAULT_CONFIGS = ("sync-default", "sync-epoch", "async-default", "async-epoch")
 

@@ -119,10 +119,11 @@ class SparkModel:
         overlap: whether a worker keeps training while its commit is in flight
             (the reply is merged when it arrives: the rule's answer plus the
             local progress made meanwhile) instead of waiting for it. Default
-            False. True needs an asynchronous mode, a rule that allows it
-            (``optimizer.overlaps``) and no ``staleness_bound`` (an SSP
-            admission must stop the worker). It hides the round trip of short
-            windows; each delta is then one flight staler (docs/architecture.md).
+            False. True needs a rule that allows it (``optimizer.overlaps``) and
+            no ``staleness_bound`` (an SSP admission must stop the worker). It
+            hides the round trip of short windows (in synchronous mode, the wait
+            for the round to close as well); each delta is then one flight
+            staler (docs/architecture.md).
     """
 
     def __init__(

@@ -424,16 +424,16 @@ def get(identifier: Any, **kwargs: Any) -> DistributedOptimizer:
 def check_overlap(overlap: Any, optimizer: DistributedOptimizer, mode: str) -> bool:
     """Validate ``overlap`` (commits in flight while the worker trains on) for ``optimizer`` in ``mode``.
 
+    In synchronous mode the worker trains its next window while the round of its
+    last commit closes, and merges the round's reply when it arrives.
+
     Raises:
-        ConfigError: ``overlap`` is not a bool, or it is True in synchronous mode (a
-            commit waits for its round), for a rule with ``overlaps = False``, or with a
-            ``staleness_bound`` (an SSP admission must stop the worker).
+        ConfigError: ``overlap`` is not a bool, or it is True for a rule with
+            ``overlaps = False`` or with a ``staleness_bound`` (an SSP admission must
+            stop the worker).
     """
     if not isinstance(overlap, bool):
         raise ConfigError(f"`overlap` must be True or False; received overlap={overlap!r}")
-    if overlap and mode == "synchronous":
-        raise ConfigError("`overlap=True` needs an asynchronous mode: a synchronous commit waits for its round; "
-                          f"received mode={mode!r}")
     if overlap and not optimizer.overlaps:
         raise ConfigError(f"{type(optimizer).__name__} cannot train on while a commit is in flight; received overlap=True")
     if overlap and optimizer.staleness_bound is not None:

@@ -185,6 +185,7 @@ class _Simulation:
         self.server_state = optimizer.server_init(tree_map(np.copy, init), num_workers)
         self.workers = {k: WorkerView() for k in range(num_workers)}
         self.round: dict[int, Commit] = {}
+        self.round_sent: dict[int, Weights] = {}  # overlapped rounds: each worker's weights at its commit
         self.centers: list[Weights] = []
         self.clocks: list[int] = []
         self.applied: list[Applied] = []
@@ -193,7 +194,7 @@ class _Simulation:
     def blocked(self, kind: str, k: int) -> str | None:
         w = self.workers[k]
         if self.mode == "synchronous":
-            if k in self.round:
+            if k in self.round and not (self.overlap and kind == "step"):  # overlapped: it trains on meanwhile
                 waiting = sorted(j for j, v in self.workers.items() if v.active and j not in self.round)
                 return f"worker {k} committed and waits for round {self.clock + 1} (workers {waiting} have not committed)"
             return None
@@ -263,6 +264,9 @@ class _Simulation:
         w.commits += 1
         if self.mode == "synchronous":
             self.round[k] = commit
+            if self.overlap:  # the next window starts now; the round's reply is merged when it closes
+                self.round_sent[k] = tree_map(np.copy, w.weights)
+                w.steps = w.samples = 0
             self._maybe_close_round()
             return
         center, reply_tensors, self.server_state = self.opt.apply(self.server_state, self.center, self.clock, k, commit)
@@ -298,7 +302,11 @@ class _Simulation:
             raise ScheduleError(f"{type(self.opt).__name__}.apply_round replied to workers {sorted(unknown)} outside the round")
         self._record(center, commits)
         for k in commits:
-            self._reply(k, replies.get(k))
+            if self.overlap:  # merged after the worker's next local step, like an asynchronous reply
+                reply = Reply(clock=self.clock, center=tree_map(np.copy, self.center), tensors=replies.get(k))
+                self.workers[k].inflight = (reply, self.round_sent.pop(k))
+            else:
+                self._reply(k, replies.get(k))
 
     def _record(self, center: Weights, commits: dict[int, Commit]) -> None:
         W.check_same_structure(self.template, center, f"center returned by {type(self.opt).__name__}")
@@ -373,11 +381,12 @@ def simulate(
         num_samples: samples per local step (the batch size), one int or one per
             worker; commits report ``steps × num_samples``. Default 1.
         on_blocked: ``"raise"`` (default) or ``"defer"``; see the module docstring.
-        overlap: play ``SparkModel(overlap=True)`` (asynchronous modes): a commit is
-            applied at once, but its reply is merged into the worker only after
-            the worker's next local step (or before its next commit, finish or
-            pull), as the rule's answer for the sent weights plus the progress
-            made since. Default False.
+        overlap: play ``SparkModel(overlap=True)``: a commit is applied at once
+            (synchronous: when its round closes; the worker takes local steps
+            meanwhile, but commits or finishes only after the round closed), and
+            its reply is merged into the worker only after the worker's next
+            local step (or before its next commit, finish or pull), as the rule's
+            answer for the sent weights plus the progress made since. Default False.
 
     Returns:
         The :class:`Trace`.

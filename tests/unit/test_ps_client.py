@@ -198,7 +198,7 @@ def test_a_closed_port_is_a_connection_error_naming_host_and_port():
         port = probe.getsockname()[1]
     with PSClient(f"http://127.0.0.1:{port}", TOKEN, retries=1, backoff=0.0) as client:
         with pytest.raises(PSError, match=rf"health check to parameter server 127\.0\.0\.1:{port} failed after "
-                                          r"2 attempts: NewConnectionError: .*Connection refused"):
+                                          r"2 attempts: ConnectionRefusedError: .*Connection refused"):
             client.health()
 
 
@@ -346,3 +346,44 @@ def test_public_names_of_the_package():
     assert all(getattr(ps, name) is not None for name in ps.__all__)
     with pytest.raises(AttributeError, match="module 'elephant.ps' has no attribute 'nothing'"):
         ps.nothing  # noqa: B018
+
+
+# ------------------------------------------------------------ the default transport (http.client)
+def _real_server(idle_timeout=60.0, num_workers=2):
+    store = Store([np.zeros(4, dtype=np.float32)], Downpour(), "asynchronous", num_workers, "run-d")
+    return store, PSServer(create_app(store, TOKEN), idle_timeout=idle_timeout).start()
+
+
+def test_the_default_transport_reuses_one_connection_and_replaces_one_the_server_closed(caplog):
+    store, server = _real_server(idle_timeout=0.2)
+    try:
+        with PSClient(server.url, TOKEN, backoff=5.0) as client, caplog.at_level("INFO", logger="elephant.ps.client"):
+            for step in range(3):
+                client.commit(CommitKey("run-d", 0, 0, step), 1, Commit([np.ones(4, np.float32)], 1, 1, step))
+            assert server.connections_accepted == 2  # the readiness probe's and the client's one
+            time.sleep(0.6)  # the server drops the idle keep-alive connection
+            reply = client.pull(0)
+            assert reply.clock == 3 and server.connections_accepted == 3
+        assert "retry" not in caplog.text  # noticed before reuse: no failed try, no backoff
+    finally:
+        server.stop()
+
+
+def test_the_default_transport_gives_concurrent_callers_their_own_connection():
+    store, server = _real_server(num_workers=4)
+    try:
+        with PSClient(server.url, TOKEN) as client:
+            barrier = threading.Barrier(4)
+
+            def commits(partition):
+                barrier.wait()
+                return [client.commit(CommitKey("run-d", 0, partition, s), 1, Commit([np.ones(4, np.float32)], 1, 1, 0))
+                        for s in range(20)]
+
+            with ThreadPoolExecutor(4) as pool:
+                replies = [r for rs in pool.map(commits, range(4)) for r in rs]
+            assert len(replies) == 80 and 2 < server.connections_accepted <= 5
+        np.testing.assert_array_equal(store.center()[0], np.full(4, 80.0))
+        assert store.metrics()["commits_applied"] == 80
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ A fake transport holds each reply until the test releases it, so what the worker
 done meanwhile is known exactly.
 """
 
+import dataclasses
 import os
 import threading
 
@@ -160,8 +161,7 @@ def test_spark_model_overlap_setting():
     assert SparkModel(model, mode="hogwild", overlap=True, spark=object()).overlap is True
     with pytest.raises(ConfigError, match="received overlap='yes'"):
         SparkModel(model, overlap="yes", spark=object())
-    with pytest.raises(ConfigError, match="received mode='synchronous'"):
-        SparkModel(model, mode="synchronous", overlap=True, spark=object())
+    assert SparkModel(model, mode="synchronous", overlap=True, spark=object()).overlap is True
     with pytest.raises(ConfigError, match="received staleness_bound=2"):
         SparkModel(model, optimizer=O.Downpour(staleness_bound=2), overlap=True, spark=object())
 
@@ -184,7 +184,55 @@ def test_simulated_overlap_merges_the_reply_after_the_next_step():
 def test_simulated_overlap_is_refused_where_the_runtime_refuses_it():
     from elephant.optimizers import simulate
 
-    with pytest.raises(ConfigError, match="overlap=True"):
-        simulate(O.ModelAveraging(), [np.zeros(1)], lambda w: [w[0]], [("pull", 0)], overlap=True)
+    class Blocking(O.Downpour):
+        overlaps = False
+
+    with pytest.raises(ConfigError, match="Blocking cannot train on"):
+        simulate(Blocking(), [np.zeros(1)], lambda w: [w[0]], [("pull", 0)], overlap=True)
     with pytest.raises(ConfigError, match="staleness_bound=1"):
         simulate(O.Downpour(staleness_bound=1), [np.zeros(1)], lambda w: [w[0]], [("pull", 0)], overlap=True)
+
+
+# ------------------------------------------------------------------ synchronous rounds
+def _drift(rate):
+    return lambda w: [np.full_like(w[0], -rate)]  # one SGD step of 0.1 adds 0.1 * rate
+
+
+def test_simulated_synchronous_overlap_trains_on_while_the_round_closes():
+    from elephant.optimizers.simulate import ScheduleError, simulate
+
+    schedule = [("pull", 0), ("pull", 1), ("step", 0), ("commit", 0), ("step", 0), ("step", 1), ("commit", 1),
+                ("step", 0), ("step", 1), ("commit", 0), ("commit", 1), ("finish", 0), ("finish", 1)]
+    rule = O.ModelAveraging(outer_momentum=0.0)
+    trace = simulate(rule, [np.zeros(1)], [_drift(1.0), _drift(3.0)], schedule, local_lr=0.1, overlap=True,
+                     mode="synchronous")
+    # round 1 averages the sent 0.1 and 0.3: 0.2. Worker 0 took 2 steps since its send (0.1 -> 0.3): 0.4;
+    # worker 1 one step (0.3 -> 0.6): 0.5. Round 2 averages their progress from 0.2, weighted by samples
+    # (2 steps of +0.1 and 1 step of +0.3): 0.2 + (2 * 0.2 + 0.3) / 3
+    assert [float(c[0][0]) for c in trace.centers] == pytest.approx([0.2, 0.2 + 0.7 / 3])
+    assert [float(w.weights[0][0]) for w in trace.workers.values()] == pytest.approx([0.2 + 0.7 / 3] * 2)
+    with pytest.raises(ScheduleError, match="waits for round 1"):  # at most one round in flight
+        simulate(rule, [np.zeros(1)], [_drift(1.0), _drift(3.0)],
+                 [("pull", 0), ("pull", 1), ("step", 0), ("commit", 0), ("step", 0), ("commit", 0)],
+                 local_lr=0.1, overlap=True, mode="synchronous")
+
+
+def test_a_synchronous_worker_trains_on_until_the_round_closes_then_merges():
+    rule = O.ModelAveraging(outer_momentum=0.0)
+    store = Store([np.zeros(2)], rule, "synchronous", 2, "run-s")
+    spec = dataclasses.replace(_spec(rule, window=1, run="run-s"), mode="synchronous")
+    models = [ArrayModel([np.zeros(2)]) for _ in range(2)]
+    windows = [worker._Window(m, InProcessClient(store), spec, k, 1, 64) for k, m in enumerate(models)]
+    models[0].set_weights([np.array([1.0, 2.0])])
+    windows[0].after_step()  # sends [1, 2]; the round waits for worker 1
+    models[0].set_weights([np.array([1.5, 2.5])])  # ... while worker 0 trains on
+    assert not windows[0]._inflight[0].done()
+    models[1].set_weights([np.array([3.0, 0.0])])
+    windows[1].after_step()  # the round closes: center = mean([1, 2], [3, 0]) = [2, 1]
+    for w in windows:
+        w.settle()
+    np.testing.assert_array_equal(models[0].weights[0], [2.5, 1.5])  # center + (now - sent)
+    np.testing.assert_array_equal(models[1].weights[0], [2.0, 1.0])  # no progress since its send
+    np.testing.assert_array_equal(store.center()[0], [2.0, 1.0])
+    for w in windows:
+        w.close()
