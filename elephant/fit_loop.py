@@ -16,7 +16,7 @@ from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
-from elephant.optimizers.base import worker_batch_size
+from elephant.optimizers.base import overlap_warning, worker_batch_size
 from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -170,14 +170,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     warning = rule.setup_warning(sm.window, num_workers, sm.splits_batch)
     if warning:
         log.warning(warning)
-    if sm.overlap and sm.window is not None and sm.window < 5 and num_workers > 1:
-        log.warning(
-            "overlap=True with a window of %d steps: each delta then misses the center updates of one more flight, "
-            "which doubles the staleness of short windows; benchmarks/convergence.py measured DOWNPOUR and DC-ASGD at "
-            "window 1 up to 10 points further behind plain Keras at 2 workers and 19 at 4 with overlap than without "
-            "(no loss for AGN, DynSGD and AEASGD at windows of 5 to 32). Use a longer window or overlap=False.",
-            sm.window,
-        )
+    warning = overlap_warning(sm.overlap, sm.mode, sm.window, num_workers)
+    if warning:
+        log.warning(warning)
 
     worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
     sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,

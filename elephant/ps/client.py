@@ -311,7 +311,10 @@ class _DirectConnections:
         conn = None
         try:
             conn = self._take()
-            conn.request(method, path, body=body, headers=headers)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server may have answered (e.g. 413) and closed before reading the body: read that answer
             response = conn.getresponse()
             payload = _read_exactly(response, response.getheader("Content-Length", ""), response)
         except (OSError, http.client.HTTPException) as exc:

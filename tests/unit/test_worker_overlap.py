@@ -236,3 +236,14 @@ def test_a_synchronous_worker_trains_on_until_the_round_closes_then_merges():
     np.testing.assert_array_equal(store.center()[0], [2.0, 1.0])
     for w in windows:
         w.close()
+
+
+def test_overlap_is_warned_about_where_the_benchmark_measured_a_loss():
+    from elephant.optimizers.base import overlap_warning
+
+    assert overlap_warning(False, "synchronous", 8, 4) is None
+    assert overlap_warning(True, "synchronous", 8, 2) is None  # within 0.7 point at 2 workers
+    assert "3.8 points behind blocking rounds" in overlap_warning(True, "synchronous", 8, 4)
+    assert "window of 1 steps" in overlap_warning(True, "asynchronous", 1, 2)
+    assert overlap_warning(True, "asynchronous", 5, 8) is None
+    assert overlap_warning(True, "hogwild", 1, 1) is None  # one worker: nothing is stale
