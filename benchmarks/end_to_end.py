@@ -36,6 +36,7 @@ CONFIGS = [
     ("asynchronous/window 5", dict(mode="asynchronous", frequency=5)),
     ("asynchronous/batch", dict(mode="asynchronous", frequency="batch")),
     # the same with commits overlapping training (SparkModel(overlap=True))
+    ("synchronous (default), overlap", dict(mode="synchronous", overlap=True)),
     ("hogwild, overlap", dict(mode="hogwild", overlap=True)),
     ("asynchronous/window 8, overlap", dict(mode="asynchronous", frequency=8, overlap=True)),
     ("asynchronous/window 5, overlap", dict(mode="asynchronous", frequency=5, overlap=True)),
