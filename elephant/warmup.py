@@ -97,8 +97,11 @@ class WarmUp:
                 self.session, self.made_session = spark, before is None
             self.ready.set()
             sc = spark.sparkContext
-            if sc.getConf().get(CONF_KEY, "true").strip().lower() == "false":
+            conf = sc.getConf()
+            if conf.get(CONF_KEY, "true").strip().lower() == "false":
                 return
+            if conf.get("spark.python.worker.reuse", "true").strip().lower() == "false":
+                return  # every task starts a new Python worker: nothing to warm
             with _LOCK:
                 if sc in _STARTED:
                     other = _STARTED[sc]

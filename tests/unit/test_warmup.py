@@ -75,8 +75,9 @@ def test_one_task_per_slot_at_most_num_workers_and_once_per_context():
     assert other.jobs == [2] and capped.jobs == [2]
 
 
-def test_the_conf_turns_it_off():
-    sc = _FakeContext(conf={warmup.CONF_KEY: "False"})
+@pytest.mark.parametrize("conf", [{warmup.CONF_KEY: "False"}, {"spark.python.worker.reuse": "false"}])
+def test_the_conf_turns_it_off_and_so_do_workers_that_are_not_reused(conf):
+    sc = _FakeContext(conf=conf)
     warm = _run(sc, 2)
     assert sc.jobs == [] and warm.pids == [] and warm.error is None
 
