@@ -269,6 +269,15 @@ def _joined(body: Any) -> Any:
     return body
 
 
+def _readable(sock: Any) -> bool:
+    """Whether ``sock`` has data or EOF waiting, without blocking (``poll``: no descriptor limit)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 class _DirectConnections:
     """Keep-alive ``http.client`` connections to one server: idle ones are reused, one per concurrent caller.
 
@@ -294,7 +303,7 @@ class _DirectConnections:
                 conn.connect()  # sets TCP_NODELAY
                 conn.sock.settimeout(self._read_timeout)
                 return conn
-            if not select.select([conn.sock], [], [], 0)[0]:
+            if not _readable(conn.sock):
                 return conn
             conn.close()  # readable while idle: closed by the server (or junk); never reuse it
 
