@@ -16,7 +16,7 @@ from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
-from elephant.optimizers.base import overlap_warning, worker_batch_size
+from elephant.optimizers.base import overlap_warning, settable_learning_rate, worker_batch_size
 from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,20 @@ def _callback_list(sm, callbacks, epochs):
     return cbks, history
 
 
+def _follow_learning_rate(local, previous: float | None, store) -> float | None:
+    """The compiled optimizer's rate for this epoch; a change since the last one is passed to the rule.
+
+    Callbacks such as ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set the
+    driver's rate between epochs; the workers get it in their task, and the
+    rule's server state is scaled by new / old (``on_learning_rate_change``).
+    """
+    rate = settable_learning_rate(local)
+    if rate is not None and previous is not None and rate != previous:
+        log.info("learning rate changed from %g to %g: the workers train with it from this epoch", previous, rate)
+        store.learning_rate_changed(rate / previous if previous > 0 else 1.0)
+    return rate
+
+
 def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, callbacks, verbose,
             features_col, label_col, shuffle):
     from tqdm.auto import tqdm
@@ -208,9 +222,11 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                  run, server.url, num_workers, sm.mode, rule, sm.window)
         cbks.on_train_begin()
         metrics_before = store.metrics()
+        rate = settable_learning_rate(sm.model.optimizer)
         with tqdm(total=epochs, unit="epoch", disable=not show, desc="elephant") as bar:
             for epoch in range(epochs):
                 cbks.on_epoch_begin(epoch)
+                rate = _follow_learning_rate(sm.model.optimizer, rate, store)
                 t0 = time.perf_counter()
                 spec = TaskSpec(
                     run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
@@ -218,6 +234,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
                     fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
+                    learning_rate=rate,
                 )
                 results = _epoch_job(rdd, spec, barrier)
                 logs = aggregate_logs(results)

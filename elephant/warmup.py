@@ -40,14 +40,25 @@ _STARTED: weakref.WeakKeyDictionary[Any, WarmUp] = weakref.WeakKeyDictionary()  
 _LOCK = threading.Lock()
 
 
+#: Seconds a warm-up task lingers when Keras was already imported (a worker forked from
+#: :mod:`elephant.daemon`, or reused), so that the tasks overlap and each starts its own
+#: worker instead of the next one reusing the first.
+LINGER = 0.3
+
+
 def _warm_task(_: Any):
     """In a Python worker: import Keras with its TensorFlow backend (the slow part of a first task)."""
     import os
+    import sys
+    import time
 
+    preloaded = "keras" in sys.modules
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras  # noqa: F401
     import tensorflow  # noqa: F401
 
+    if preloaded:
+        time.sleep(LINGER)
     yield os.getpid()
 
 

@@ -71,7 +71,8 @@ class TaskSpec:
     shuffle: bool = True
     fault: str | None = None  # test-only fault injection, from ELEPHANT_FAULT on the driver
     structure: str = ""  # fit_loop.replica_structure; "" = a replica of this fit's own
-    overlap: bool = False  # keep training while a commit is in flight (asynchronous modes)
+    overlap: bool = False  # keep training while a commit is in flight
+    learning_rate: float | None = None  # the driver's compiled rate this epoch (None: a schedule, left alone)
 
 
 def _value(maybe_broadcast: Any) -> bytes:
@@ -422,6 +423,8 @@ def run_partition(
         return [base]
     x, y = block
     model = training_model(spec)
+    if spec.learning_rate is not None:  # what callbacks set on the driver's model this epoch
+        model.optimizer.learning_rate = spec.learning_rate
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)
     try:

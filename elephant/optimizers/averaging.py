@@ -67,6 +67,9 @@ class ModelAveraging(DistributedOptimizer):
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}"
 
+    def on_learning_rate_change(self, state, ratio):
+        return self.outer.rescale(state, ratio)
+
     def server_init(self, center, num_workers):
         return self.outer.init(center, num_workers)
 

@@ -233,6 +233,18 @@ class DistributedOptimizer:
         """Server-rule state after ``worker`` pulled ``center`` (default: unchanged)."""
         return state
 
+    def on_learning_rate_change(self, state: Any, ratio: float) -> Any:
+        """Server-rule state after the user's learning rate was multiplied by ``ratio`` between epochs.
+
+        A callback (``LearningRateScheduler``, ``ReduceLROnPlateau``) changed the
+        compiled optimizer's rate on the driver; the workers train with the new
+        rate from the next epoch. A rule that keeps a velocity of past deltas on
+        the server should scale it by ``ratio`` (the momentum correction of Goyal
+        et al., 2017), so that a rate of 0 stops the center as it stops the
+        workers. Default: unchanged.
+        """
+        return state
+
     def apply(
         self, state: Any, center: Weights, clock: int, worker: int, commit: Commit
     ) -> tuple[Weights, Weights | None, Any]:
@@ -481,6 +493,17 @@ def worker_batch_size(batch_size: int, num_workers: int, split: bool) -> int:
 ADAPTIVE_OPTIMIZERS = frozenset(
     {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lion", "Lamb"}
 )
+
+
+def settable_learning_rate(local: Any) -> float | None:
+    """The current learning rate of a compiled Keras optimizer, or None if it is a schedule (not settable)."""
+    import keras
+
+    inner = getattr(local, "inner_optimizer", local)  # a LossScaleOptimizer's rate is its inner one's
+    rate = getattr(inner, "_learning_rate", None)
+    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+        return None
+    return float(np.asarray(keras.ops.convert_to_numpy(rate)))
 
 
 def adapts_step_size(local: Any) -> bool:

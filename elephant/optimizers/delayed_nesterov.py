@@ -78,6 +78,9 @@ class DelayedNesterov(DistributedOptimizer):
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}"
 
+    def on_learning_rate_change(self, state, ratio):
+        return self.outer.rescale(state, ratio)
+
     def server_init(self, center, num_workers):
         workers = max(int(num_workers), 1)
         return {"workers": workers, "momentum": self.outer.resolve_momentum(workers), "count": 0,

@@ -65,6 +65,12 @@ class OuterMomentum:
             return None
         return {"momentum": beta, "buffer": [np.zeros_like(c) for c in center]}
 
+    def rescale(self, state: Any, ratio: float) -> Any:
+        """State with the momentum buffer multiplied by ``ratio`` (the user's learning rate changed)."""
+        if state is None:
+            return None
+        return {**state, "buffer": tree_map(lambda u: u * ratio, state["buffer"])}
+
     def step(self, state: Any, center: Weights, delta: Weights) -> tuple[Weights, Any]:
         """``(new_center, new_state)`` after applying the mean delta ``delta``."""
         if state is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -158,6 +159,21 @@ class Store(RoundsMixin):
         with self._bytes_lock:  # not the store lock: an apply may hold that for a while
             self._counts["bytes_in"] += received
             self._counts["bytes_out"] += sent
+
+    def learning_rate_changed(self, ratio: float) -> None:
+        """Tell the rule that the user's learning rate was multiplied by ``ratio`` (between epochs).
+
+        Raises:
+            ProtocolError: ``ratio`` is negative or not finite.
+            PSError: the rule's hook failed (its state is unchanged).
+        """
+        if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 0):
+            raise ProtocolError(f"a learning-rate ratio must be a finite number >= 0; received {ratio!r}")
+        with self._cond:
+            try:
+                self._state = self._optimizer.on_learning_rate_change(self._state, float(ratio))
+            except Exception as exc:
+                raise PSError(f"{type(self._optimizer).__name__}.on_learning_rate_change failed: {exc!r}") from exc
 
     def close(self) -> None:
         """Refuse further requests; wake every waiting one with :class:`StoreClosedError`."""

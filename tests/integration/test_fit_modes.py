@@ -106,9 +106,30 @@ def test_a_spark_model_warms_the_python_workers_its_jobs_then_use(spark, digits)
     from elephant import warmup
 
     sm = SparkModel(digits_model(), num_workers=2, spark=spark)
-    assert sm._warm_up is not None
-    sm._warm_up.wait(120)
-    owner = warmup._STARTED[spark.sparkContext]  # this SparkModel's, or the first one of the session
-    assert owner.wait(120) and owner.error is None and owner.pids
+    assert sm._warm_up is not None and sm._warm_up.wait(120)
+    # Earlier tests kill Python workers on purpose, so warm this context again rather than
+    # rely on the first SparkModel of the session having done it.
+    warmup._STARTED.pop(spark.sparkContext, None)
+    warm = warmup.WarmUp.start(spark, 2)
+    assert warm.wait(120) and warm.error is None and warm.pids
     used = spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda _: [os.getpid()]).collect()
-    assert set(used) <= set(owner.pids)  # reused, not started again
+    assert set(used) <= set(warm.pids)  # reused, not started again
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous", "hogwild"])
+def test_a_learning_rate_set_to_zero_by_a_callback_stops_the_center(spark, digits, mode):
+    """LearningRateScheduler's rate reaches the workers, and the rule's server velocity follows it."""
+    import keras
+
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode=mode, num_workers=2, spark=spark)
+    centers = []
+    callbacks = [keras.callbacks.LearningRateScheduler(lambda epoch, lr: 1e-3 if epoch == 0 else 0.0),
+                 keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: centers.append(sm.model.get_weights()))]
+    sm.fit(x_train, y_train, epochs=3, batch_size=64, verbose=0, callbacks=callbacks)
+    assert len(centers) == 3
+    assert not np.allclose(centers[0][0], digits_model().get_weights()[0])  # epoch 1 trained
+    for later in centers[1:]:
+        for got, want in zip(later, centers[0], strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert float(sm.model.optimizer.learning_rate.numpy()) == 0.0
