@@ -45,6 +45,22 @@ def is_dataframe(x: Any) -> bool:
     return type(x).__name__ == "DataFrame" and hasattr(x, "schema")
 
 
+def check_input_kind(x: Any, name: str = "x") -> None:
+    """Refuse what cannot be split across Spark tasks, naming the type received.
+
+    Accepted: numpy arrays (or anything ``np.asarray`` takes, such as a tensor
+    or a pandas frame), a list/tuple/dict of them, an RDD or a DataFrame.
+    """
+    if is_rdd(x) or is_dataframe(x) or isinstance(x, (np.ndarray, list, tuple, Mapping)) or hasattr(x, "__array__"):
+        return
+    kind = f"{type(x).__module__}.{type(x).__qualname__}"
+    streaming = hasattr(x, "__iter__") or hasattr(x, "__getitem__")
+    reason = (" (a dataset, generator or keras.utils.PyDataset is read by one process and cannot be split "
+              "across Spark executors)") if streaming else ""
+    raise DataError(f"`{name}` must be numpy arrays (a list or dict of them for several inputs), an RDD or a "
+                    f"Spark DataFrame; received {kind}{reason}. Convert it to numpy, or load it as a DataFrame")
+
+
 def _leaves(x: Any) -> list[np.ndarray]:
     if isinstance(x, Mapping):
         return [np.asarray(v) for v in x.values()]

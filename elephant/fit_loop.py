@@ -132,6 +132,11 @@ def _callback_list(sm, callbacks, epochs):
     return cbks, history
 
 
+def validates_after(epoch: int, freq: int | tuple[int, ...]) -> bool:
+    """Whether Keras would validate after ``epoch`` (0-based) with ``validation_freq=freq``."""
+    return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+
+
 def _follow_learning_rate(local, previous: float | None, store) -> float | None:
     """The compiled optimizer's rate for this epoch; a change since the last one is passed to the rule.
 
@@ -147,9 +152,10 @@ def _follow_learning_rate(local, previous: float | None, store) -> float | None:
 
 
 def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, callbacks, verbose,
-            features_col, label_col, shuffle):
+            features_col, label_col, shuffle, initial_epoch=0, validation_freq=1, validation_batch_size=None):
     from tqdm.auto import tqdm
 
+    D.check_input_kind(x)
     if not (D.is_rdd(x) or D.is_dataframe(x)):  # numpy: check everything before Spark starts
         if y is None:
             raise DataError("`y` is required when `x` is a numpy array (or a list/dict of arrays)")
@@ -223,8 +229,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         cbks.on_train_begin()
         metrics_before = store.metrics()
         rate = settable_learning_rate(sm.model.optimizer)
-        with tqdm(total=epochs, unit="epoch", disable=not show, desc="elephant") as bar:
-            for epoch in range(epochs):
+        with tqdm(total=max(epochs - initial_epoch, 0), unit="epoch", disable=not show, desc="elephant") as bar:
+            for epoch in range(initial_epoch, epochs):
                 cbks.on_epoch_begin(epoch)
                 rate = _follow_learning_rate(sm.model.optimizer, rate, store)
                 t0 = time.perf_counter()
@@ -239,10 +245,10 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 results = _epoch_job(rdd, spec, barrier)
                 logs = aggregate_logs(results)
                 sm.model.set_weights(store.center())
-                if val is not None:
+                if val is not None and validates_after(epoch, validation_freq):
                     val_logs = sm.model.evaluate(
                         val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
-                        batch_size=batch_size, verbose=0, return_dict=True,
+                        batch_size=validation_batch_size or batch_size, verbose=0, return_dict=True,
                     )
                     logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
                 metrics_after = store.metrics()

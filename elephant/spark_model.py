@@ -45,6 +45,33 @@ def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> int 
     return int(value)
 
 
+#: ``keras.Model.fit`` arguments elephant refuses for now, and what to do instead.
+UNSUPPORTED_FIT_ARGUMENTS = {
+    "class_weight": "class weights are not supported yet; repeat or drop samples of each class in the data instead",
+    "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
+    "steps_per_epoch": "every epoch is one pass over each worker's partition; pass fewer samples, or more epochs",
+    "validation_steps": "validation runs on the whole validation set; pass a smaller one",
+}
+
+
+def _refuse_unsupported(**given: Any) -> None:
+    for name, value in given.items():
+        if value is not None:
+            raise ConfigError(f"`{name}` is not supported by SparkModel.fit: {UNSUPPORTED_FIT_ARGUMENTS[name]}; "
+                              f"received {name} of type {type(value).__name__}")
+
+
+def _check_validation_freq(freq: Any) -> int | tuple[int, ...]:
+    """Keras' ``validation_freq``: a positive int, or a list of 1-based epoch numbers."""
+    if isinstance(freq, (int, np.integer)) and not isinstance(freq, bool) and freq > 0:
+        return int(freq)
+    if isinstance(freq, (list, tuple, set)) and all(
+            isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e > 0 for e in freq):
+        return tuple(sorted(int(e) for e in freq))
+    raise ConfigError("`validation_freq` must be a positive int or a list of epoch numbers (from 1); "
+                      f"received validation_freq={freq!r}")
+
+
 def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimizer) -> int | None:
     """Local steps per commit: None means one commit per partition pass."""
     if frequency == "epoch":
@@ -219,34 +246,66 @@ class SparkModel:
         self,
         x,
         y=None,
+        batch_size: int | None = None,
         epochs: int = 1,
-        batch_size: int = 32,
-        validation_data=None,
-        validation_split: float = 0.0,
-        callbacks: Sequence[Any] | None = None,
         verbose: str | int = "auto",
+        callbacks: Sequence[Any] | None = None,
+        validation_split: float = 0.0,
+        validation_data=None,
+        shuffle: bool = True,
+        class_weight=None,
+        sample_weight=None,
+        initial_epoch: int = 0,
+        steps_per_epoch=None,
+        validation_steps=None,
+        validation_batch_size: int | None = None,
+        validation_freq: int | Sequence[int] = 1,
         *,
         features_col: str | Sequence[str] = "features",
         label_col: str = "label",
-        shuffle: bool = True,
     ):
         """Train on Spark; returns a ``keras.callbacks.History``.
+
+        The arguments are ``keras.Model.fit``'s, in its order and with its
+        meaning, for data split across Spark tasks:
 
         ``x`` may be numpy arrays (``y`` given), a list/dict of arrays for
         multi-input models, an RDD of ``(features, label)`` records or of
         ``(x_block, y_block)`` pairs, or a DataFrame (``features_col``,
-        ``label_col``). Standard Keras callbacks run on the driver at each
-        epoch's end. ``validation_data`` / ``validation_split`` (numpy only) are
-        evaluated on the driver's copy of the model after every epoch.
+        ``label_col``). ``batch_size`` (default 32) is the global batch when
+        the rule splits it among the workers (see ``SparkModel(batch_split=)``).
+        Standard Keras callbacks run on the driver at each epoch's end; a
+        learning rate they set reaches the workers from the next epoch.
+        ``validation_data`` / ``validation_split`` (numpy only) are evaluated
+        on the driver's copy of the model after every ``validation_freq``-th
+        epoch (an int, or a list of 1-based epoch numbers), in batches of
+        ``validation_batch_size`` (default ``batch_size``). ``initial_epoch``
+        starts the epoch count there, as when resuming a run (epochs
+        ``initial_epoch`` to ``epochs - 1`` are trained, and History and the
+        callbacks see those numbers).
+
+        Raises:
+            ConfigError: an invalid setting, or one elephant does not support yet:
+                ``sample_weight``, ``class_weight``, ``steps_per_epoch`` and
+                ``validation_steps`` (the error says what to do instead).
         """
         from elephant.fit_loop import run_fit
 
+        _refuse_unsupported(class_weight=class_weight, sample_weight=sample_weight,
+                            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
         epochs = _check_positive_int("epochs", epochs)
-        batch_size = _check_positive_int("batch_size", batch_size)
+        batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
+        validation_batch_size = batch_size if validation_batch_size is None else \
+            _check_positive_int("validation_batch_size", validation_batch_size)
+        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
+            raise ConfigError(f"`initial_epoch` must be an int >= 0; received initial_epoch={initial_epoch!r}")
+        validation_freq = _check_validation_freq(validation_freq)
         if not isinstance(validation_split, (int, float)) or not 0.0 <= validation_split < 1.0:
             raise ConfigError(f"`validation_split` must be a float in [0, 1); received validation_split={validation_split!r}")
         if verbose not in ("auto", 0, 1, 2, True, False):
             raise ConfigError(f"`verbose` must be 'auto', 0, 1 or 2; received verbose={verbose!r}")
+        if not isinstance(shuffle, bool):
+            raise ConfigError(f"`shuffle` must be True or False; received shuffle={shuffle!r}")
         if validation_data is not None and not (isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)):
             raise DataError(
                 "`validation_data` must be a tuple (x_val, y_val); "
@@ -255,7 +314,8 @@ class SparkModel:
         return run_fit(
             self, x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
             validation_split=float(validation_split), callbacks=callbacks, verbose=verbose,
-            features_col=features_col, label_col=label_col, shuffle=shuffle,
+            features_col=features_col, label_col=label_col, shuffle=shuffle, initial_epoch=int(initial_epoch),
+            validation_freq=validation_freq, validation_batch_size=validation_batch_size,
         )
 
     # ------------------------------------------------------- predict/evaluate

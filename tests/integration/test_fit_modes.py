@@ -133,3 +133,17 @@ def test_a_learning_rate_set_to_zero_by_a_callback_stops_the_center(spark, digit
         for got, want in zip(later, centers[0], strict=True):
             np.testing.assert_array_equal(got, want)
     assert float(sm.model.optimizer.learning_rate.numpy()) == 0.0
+
+
+def test_initial_epoch_and_validation_freq_number_epochs_as_keras_does(spark, digits):
+    import keras
+
+    x_train, x_test, y_train, y_test = digits
+    seen = []
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=5, batch_size=64, verbose=0, initial_epoch=2,
+                     validation_data=(x_test, y_test), validation_freq=2, validation_batch_size=7,
+                     callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: seen.append(e))])
+    assert seen == history.epoch == [2, 3, 4]  # epochs 3 to 5 of 5, numbered as Keras numbers them
+    assert len(history.history["loss"]) == 3
+    assert len(history.history["val_loss"]) == 1  # validated after epoch 4 only (4 % 2 == 0)

@@ -90,6 +90,17 @@ def test_default_optimizer_depends_on_mode(model):
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2), np.ones(4))}, DataError, r"`validation_data\[2\]` has 4 samples"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((0, 4)), np.zeros(0))}, DataError, r"`validation_data\[0\]` is empty"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2)), "validation_split": 0.2}, ConfigError, r"pass either `validation_data` or `validation_split`, not both; received validation_split=0.2"),
+        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": np.ones(5)}, ConfigError, r"`sample_weight` is not supported by SparkModel.fit: .*received sample_weight of type ndarray"),
+        (np.zeros((5, 4)), np.zeros(5), {"class_weight": {0: 1.0}}, ConfigError, r"`class_weight` is not supported .*type dict"),
+        (np.zeros((5, 4)), np.zeros(5), {"steps_per_epoch": 3}, ConfigError, r"`steps_per_epoch` is not supported .*one pass over each worker's partition"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_steps": 3}, ConfigError, r"`validation_steps` is not supported"),
+        (np.zeros((5, 4)), np.zeros(5), {"initial_epoch": -1}, ConfigError, r"`initial_epoch` must be an int >= 0; received initial_epoch=-1"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_freq": 0}, ConfigError, r"`validation_freq` must be a positive int or a list .*received validation_freq=0"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_freq": [1, "2"]}, ConfigError, r"received validation_freq=\[1, '2'\]"),
+        (np.zeros((5, 4)), np.zeros(5), {"validation_batch_size": 0}, ConfigError, r"received validation_batch_size=0"),
+        (np.zeros((5, 4)), np.zeros(5), {"shuffle": "yes"}, ConfigError, r"received shuffle='yes'"),
+        (iter([np.zeros(4)]), None, {}, DataError, r"received builtins.list_iterator \(a dataset, generator or keras.utils.PyDataset"),
+        (3.5, None, {}, DataError, r"`x` must be numpy arrays .*received builtins.float\. Convert"),
     ],
 )
 def test_fit_errors_before_spark(model, x, y, kwargs, error, match):
@@ -193,3 +204,36 @@ def test_a_local_optimizer_that_breaks_the_rule_is_warned_about(caplog, local, r
     assert bool(messages) == warns, messages
     if warns:
         assert "the model is compiled with" in messages[0]
+
+
+def test_a_tf_dataset_is_refused_naming_its_type(model):
+    tf = pytest.importorskip("tensorflow")
+    dataset = tf.data.Dataset.from_tensor_slices((np.zeros((5, 4), "float32"), np.zeros(5)))
+    with pytest.raises(DataError, match=r"received tensorflow\..*Dataset.* cannot be split across Spark executors"):
+        SparkModel(model, spark=_NoSpark()).fit(dataset, epochs=1)
+
+
+def test_fit_takes_every_argument_of_keras_fit_in_its_order_and_defaults():
+    """When Keras adds an argument to fit, this fails until SparkModel.fit supports or refuses it."""
+    import inspect
+
+    import keras
+
+    from elephant.spark_model import UNSUPPORTED_FIT_ARGUMENTS
+
+    theirs = inspect.signature(keras.Model.fit).parameters
+    ours = inspect.signature(SparkModel.fit).parameters
+    names = [n for n in theirs if n != "self"]
+    assert [n for n in ours if n in theirs and n != "self"] == names  # positional calls mean the same
+    for name in names:
+        if name in ("x",):
+            continue
+        assert ours[name].default == theirs[name].default, name
+    assert set(UNSUPPORTED_FIT_ARGUMENTS) < set(names)
+
+
+@pytest.mark.parametrize("freq, validated", [(1, [1, 2, 3, 4]), (2, [2, 4]), ((1, 3), [1, 3]), (5, [])])
+def test_validation_happens_after_the_epochs_keras_would_pick(freq, validated):
+    from elephant.fit_loop import validates_after
+
+    assert [e + 1 for e in range(4) if validates_after(e, freq)] == validated
