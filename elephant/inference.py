@@ -204,7 +204,12 @@ def combine_partition_logs(parts: list[tuple[int, dict[str, float]]], return_dic
     total = sum(c for c, _ in parts)
     keys = sorted(parts[0][1], key=lambda k: k != "loss")  # Keras' order: loss first, then the metrics
     result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in keys}
+    return keras_evaluate_result(result, return_dict)
+
+
+def keras_evaluate_result(logs: dict[str, float], return_dict: bool) -> Any:
+    """``logs`` (loss first) as ``keras.Model.evaluate`` returns them: the dict, a list, or a bare loss."""
     if return_dict:
-        return result
-    values = [result[k] for k in keys]
+        return logs
+    values = list(logs.values())
     return values[0] if len(values) == 1 else values

@@ -45,20 +45,44 @@ def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> int 
     return int(value)
 
 
-#: ``keras.Model.fit`` arguments elephant refuses for now, and what to do instead.
-UNSUPPORTED_FIT_ARGUMENTS = {
-    "class_weight": "class weights are not supported yet; repeat or drop samples of each class in the data instead",
-    "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
-    "steps_per_epoch": "every epoch is one pass over each worker's partition; pass fewer samples, or more epochs",
-    "validation_steps": "validation runs on the whole validation set; pass a smaller one",
+#: Arguments of ``keras.Model.fit``, ``evaluate`` and ``predict`` that elephant refuses for now,
+#: and what to do instead.
+UNSUPPORTED_ARGUMENTS = {
+    "fit": {
+        "class_weight": "class weights are not supported yet; repeat or drop samples of each class in the data instead",
+        "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
+        "steps_per_epoch": "every epoch is one pass over each worker's partition; pass fewer samples, or more epochs",
+        "validation_steps": "validation runs on the whole validation set; pass a smaller one",
+    },
+    "evaluate": {
+        "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
+        "steps": "every sample is evaluated; pass fewer samples",
+    },
+    "predict": {
+        "steps": "every sample is predicted; pass fewer samples",
+    },
 }
 
 
-def _refuse_unsupported(**given: Any) -> None:
+def _refuse_unsupported(method: str, **given: Any) -> None:
     for name, value in given.items():
         if value is not None:
-            raise ConfigError(f"`{name}` is not supported by SparkModel.fit: {UNSUPPORTED_FIT_ARGUMENTS[name]}; "
+            raise ConfigError(f"`{name}` is not supported by SparkModel.{method}: {UNSUPPORTED_ARGUMENTS[method][name]}; "
                               f"received {name} of type {type(value).__name__}")
+
+
+def _check_verbose(verbose: Any) -> None:
+    if verbose not in ("auto", 0, 1, 2, True, False):
+        raise ConfigError(f"`verbose` must be 'auto', 0, 1 or 2; received verbose={verbose!r}")
+
+
+def _driver_callbacks(model, callbacks: Sequence[Any] | None):
+    """Keras' CallbackList for the begin/end hooks ``evaluate`` and ``predict`` run on the driver."""
+    import keras
+
+    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"`callbacks` must be a list of keras.callbacks.Callback; received {type(callbacks).__name__}")
+    return keras.callbacks.CallbackList(list(callbacks or []), model=model)
 
 
 def _check_validation_freq(freq: Any) -> int | tuple[int, ...]:
@@ -291,7 +315,7 @@ class SparkModel:
         """
         from elephant.fit_loop import run_fit
 
-        _refuse_unsupported(class_weight=class_weight, sample_weight=sample_weight,
+        _refuse_unsupported("fit", class_weight=class_weight, sample_weight=sample_weight,
                             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
         epochs = _check_positive_int("epochs", epochs)
         batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
@@ -302,8 +326,7 @@ class SparkModel:
         validation_freq = _check_validation_freq(validation_freq)
         if not isinstance(validation_split, (int, float)) or not 0.0 <= validation_split < 1.0:
             raise ConfigError(f"`validation_split` must be a float in [0, 1); received validation_split={validation_split!r}")
-        if verbose not in ("auto", 0, 1, 2, True, False):
-            raise ConfigError(f"`verbose` must be 'auto', 0, 1 or 2; received verbose={verbose!r}")
+        _check_verbose(verbose)
         if not isinstance(shuffle, bool):
             raise ConfigError(f"`shuffle` must be True or False; received shuffle={shuffle!r}")
         if validation_data is not None and not (isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)):
@@ -319,32 +342,56 @@ class SparkModel:
         )
 
     # ------------------------------------------------------- predict/evaluate
-    def predict(self, x, batch_size: int | None = None, *, features_col: str | Sequence[str] = "features",
-                prediction_col: str = "prediction"):
-        """Predict on Spark, keeping the input order.
+    def predict(self, x, batch_size: int | None = None, verbose: str | int = "auto", steps=None, callbacks=None, *,
+                features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
+        """Predict on Spark, keeping the input order (``keras.Model.predict``'s arguments, in its order).
 
         numpy in -> numpy out; RDD in -> RDD of predictions (one per record, or
         one array per block); DataFrame in -> the same DataFrame with a
-        ``prediction_col`` column.
+        ``prediction_col`` column. ``callbacks`` get ``on_predict_begin`` and
+        ``on_predict_end`` on the driver (the batches run on executors, so no
+        batch hooks); ``verbose`` is accepted, and nothing is printed.
+
+        Raises:
+            ConfigError: ``steps`` (every sample is predicted), or an invalid ``verbose``.
         """
         from elephant.inference import predict
 
-        return predict(self.model, x, batch_size, num_workers=self._inference_workers(x),
-                       spark=self.spark, custom_objects=self.custom_objects,
-                       features_col=features_col, prediction_col=prediction_col)
+        _refuse_unsupported("predict", steps=steps)
+        _check_verbose(verbose)
+        cbks = _driver_callbacks(self.model, callbacks)
+        cbks.on_predict_begin()
+        out = predict(self.model, x, batch_size, num_workers=self._inference_workers(x),
+                      spark=self.spark, custom_objects=self.custom_objects,
+                      features_col=features_col, prediction_col=prediction_col)
+        cbks.on_predict_end()
+        return out
 
-    def evaluate(self, x, y=None, batch_size: int | None = None, return_dict: bool = False, *,
+    def evaluate(self, x, y=None, batch_size: int | None = None, verbose: str | int = "auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict: bool = False, *,
                  features_col: str | Sequence[str] = "features", label_col: str = "label"):
-        """Sample-weighted loss and metrics computed on Spark (Keras' return conventions).
+        """Sample-weighted loss and metrics computed on Spark (``keras.Model.evaluate``'s arguments and returns).
 
         Partitions are evaluated separately and combined as a sample-weighted
         mean: exact for mean-type metrics (loss, accuracy, MAE, MSE), not for
-        AUC, precision, recall or F1 (compute those from :meth:`predict`)."""
-        from elephant.inference import evaluate
+        AUC, precision, recall or F1 (compute those from :meth:`predict`).
+        ``callbacks`` get ``on_test_begin`` and ``on_test_end(logs)`` on the
+        driver; ``verbose`` is accepted, and nothing is printed.
 
-        return evaluate(self.model, x, y, batch_size, return_dict=return_dict,
+        Raises:
+            ConfigError: ``sample_weight`` or ``steps`` (not supported yet), or an invalid ``verbose``.
+        """
+        from elephant.inference import evaluate, keras_evaluate_result
+
+        _refuse_unsupported("evaluate", sample_weight=sample_weight, steps=steps)
+        _check_verbose(verbose)
+        cbks = _driver_callbacks(self.model, callbacks)
+        cbks.on_test_begin()
+        logs = evaluate(self.model, x, y, batch_size, return_dict=True,
                         num_workers=self._inference_workers(x), spark=self.spark,
                         custom_objects=self.custom_objects, features_col=features_col, label_col=label_col)
+        cbks.on_test_end(logs)
+        return keras_evaluate_result(logs, return_dict)
 
     def _inference_workers(self, x) -> int:
         if self.num_workers is not None:

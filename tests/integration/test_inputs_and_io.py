@@ -169,3 +169,18 @@ def test_rdd_and_dataframe_input_errors_name_what_is_wrong(spark, digits):
         sm.fit(df, epochs=1, verbose=0)
     with pytest.raises(DataError, match="`y` must be None when `x` is an RDD or a DataFrame"):
         sm.fit(df, y_train[:20], features_col="pixels", label_col="digit", epochs=1, verbose=0)
+
+
+def test_evaluate_and_predict_run_their_callbacks_hooks_on_the_driver(spark, digits):
+    import keras
+
+    _, x_test, _, y_test = digits
+    sm = SparkModel(digits_model(), num_workers=2, spark=spark)
+    seen = []
+    hooks = keras.callbacks.LambdaCallback(
+        on_test_begin=lambda logs: seen.append("test_begin"), on_test_end=lambda logs: seen.append(dict(logs)),
+        on_predict_begin=lambda logs: seen.append("predict_begin"), on_predict_end=lambda logs: seen.append("predict_end"))
+    loss, accuracy = sm.evaluate(x_test, y_test, callbacks=[hooks], verbose=0)
+    assert seen == ["test_begin", {"loss": loss, "accuracy": accuracy}]
+    assert sm.predict(x_test[:10], callbacks=[hooks]).shape == (10, 10)
+    assert seen[2:] == ["predict_begin", "predict_end"]

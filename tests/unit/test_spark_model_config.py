@@ -213,23 +213,23 @@ def test_a_tf_dataset_is_refused_naming_its_type(model):
         SparkModel(model, spark=_NoSpark()).fit(dataset, epochs=1)
 
 
-def test_fit_takes_every_argument_of_keras_fit_in_its_order_and_defaults():
-    """When Keras adds an argument to fit, this fails until SparkModel.fit supports or refuses it."""
+def test_fit_evaluate_and_predict_take_keras_arguments_in_its_order_and_defaults():
+    """When Keras adds an argument to fit, evaluate or predict, this fails until SparkModel.fit supports or refuses it."""
     import inspect
 
     import keras
 
-    from elephant.spark_model import UNSUPPORTED_FIT_ARGUMENTS
+    from elephant.spark_model import UNSUPPORTED_ARGUMENTS
 
-    theirs = inspect.signature(keras.Model.fit).parameters
-    ours = inspect.signature(SparkModel.fit).parameters
-    names = [n for n in theirs if n != "self"]
-    assert [n for n in ours if n in theirs and n != "self"] == names  # positional calls mean the same
-    for name in names:
-        if name in ("x",):
-            continue
-        assert ours[name].default == theirs[name].default, name
-    assert set(UNSUPPORTED_FIT_ARGUMENTS) < set(names)
+    for method in ("fit", "evaluate", "predict"):
+        theirs = inspect.signature(getattr(keras.Model, method)).parameters
+        ours = inspect.signature(getattr(SparkModel, method)).parameters
+        names = [n for n, p in theirs.items() if n != "self" and p.kind != p.VAR_KEYWORD]
+        assert [n for n in ours if n in names] == names, method  # positional calls mean the same
+        for name in names:
+            if name != "x":  # x is required here
+                assert ours[name].default == theirs[name].default, (method, name)
+        assert set(UNSUPPORTED_ARGUMENTS[method]) < set(names), method
 
 
 @pytest.mark.parametrize("freq, validated", [(1, [1, 2, 3, 4]), (2, [2, 4]), ((1, 3), [1, 3]), (5, [])])
@@ -237,3 +237,17 @@ def test_validation_happens_after_the_epochs_keras_would_pick(freq, validated):
     from elephant.fit_loop import validates_after
 
     assert [e + 1 for e in range(4) if validates_after(e, freq)] == validated
+
+
+@pytest.mark.parametrize("method, kwargs, match", [
+    ("evaluate", {"sample_weight": np.ones(5)}, r"`sample_weight` is not supported by SparkModel.evaluate"),
+    ("evaluate", {"steps": 2}, r"`steps` is not supported by SparkModel.evaluate: every sample is evaluated"),
+    ("evaluate", {"verbose": "loud"}, r"received verbose='loud'"),
+    ("evaluate", {"callbacks": "cb"}, r"`callbacks` must be a list .*received str"),
+    ("predict", {"steps": 2}, r"`steps` is not supported by SparkModel.predict"),
+])
+def test_evaluate_and_predict_refuse_before_spark(model, method, kwargs, match):
+    sm = SparkModel(model, spark=_NoSpark())
+    args = (np.zeros((5, 4)), np.zeros(5)) if method == "evaluate" else (np.zeros((5, 4)),)
+    with pytest.raises(ConfigError, match=match):
+        getattr(sm, method)(*args, **kwargs)
