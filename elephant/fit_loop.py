@@ -132,6 +132,37 @@ def _callback_list(sm, callbacks, epochs):
     return cbks, history
 
 
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+
+
+def _acts_per_batch(callback) -> bool:
+    """Whether ``callback`` would do something in a batch hook (Keras' own ones only when set to)."""
+    import keras
+
+    base = keras.callbacks.Callback
+    if not any(getattr(type(callback), h, None) is not getattr(base, h) for h in _BATCH_HOOKS):
+        return False
+    if isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.TerminateOnNaN)):
+        return False  # elephant shows its own progress and stops a diverging fit itself
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        return getattr(callback, "update_freq", "epoch") != "epoch"
+    if isinstance(callback, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)):
+        return getattr(callback, "save_freq", "epoch") != "epoch"
+    return True
+
+
+def batch_hook_warning(callbacks) -> str | None:
+    """The fit-start warning for callbacks that act in batch hooks, which a distributed fit never calls."""
+    names = [type(c).__name__ for c in callbacks or [] if _acts_per_batch(c)]
+    if not names:
+        return None
+    return (
+        f"callbacks {names} act on training batches, but the batches run in Spark tasks and the driver sees "
+        "epochs only: on_train_batch_begin/end (and on_batch_*) are not called. Their epoch hooks run as usual; "
+        "use epoch-level settings (e.g. save_freq='epoch', update_freq='epoch')."
+    )
+
+
 def validates_after(epoch: int, freq: int | tuple[int, ...]) -> bool:
     """Whether Keras would validate after ``epoch`` (0-based) with ``validation_freq=freq``."""
     return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
@@ -190,9 +221,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     warning = rule.setup_warning(sm.window, num_workers, sm.splits_batch)
     if warning:
         log.warning(warning)
-    warning = overlap_warning(sm.overlap, sm.mode, sm.window, num_workers)
-    if warning:
-        log.warning(warning)
+    for warning in (overlap_warning(sm.overlap, sm.mode, sm.window, num_workers), batch_hook_warning(callbacks)):
+        if warning:
+            log.warning(warning)
 
     worker_batch = worker_batch_size(batch_size, num_workers, sm.splits_batch)
     sm.fit_plan = {"num_workers": num_workers, "batch_size": batch_size, "worker_batch_size": worker_batch,

@@ -251,3 +251,21 @@ def test_evaluate_and_predict_refuse_before_spark(model, method, kwargs, match):
     args = (np.zeros((5, 4)), np.zeros(5)) if method == "evaluate" else (np.zeros((5, 4)),)
     with pytest.raises(ConfigError, match=match):
         getattr(sm, method)(*args, **kwargs)
+
+
+def test_callbacks_that_act_per_batch_are_warned_about(tmp_path):
+    import keras
+
+    from elephant.fit_loop import batch_hook_warning
+
+    class PerBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    quiet = [keras.callbacks.EarlyStopping(), keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+             keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")), keras.callbacks.TerminateOnNaN(),
+             keras.callbacks.TensorBoard(str(tmp_path / "tb")), keras.callbacks.LearningRateScheduler(lambda e: 0.1)]
+    assert batch_hook_warning(quiet) is None and batch_hook_warning(None) is None
+    warning = batch_hook_warning([*quiet, PerBatch(), keras.callbacks.TensorBoard(str(tmp_path / "tb"), update_freq=5),
+                                  keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"), save_freq=10)])
+    assert "['PerBatch', 'TensorBoard', 'ModelCheckpoint'] act on training batches" in warning
