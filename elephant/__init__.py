@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from elephant.errors import ConfigError, DataError, ElephantError, PSError, ProtocolError
+from elephant.errors import ConfigError, DataError, ElephantError, FitError, PSError, ProtocolError
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,7 @@ __all__ = [
     "DataError",
     "PSError",
     "ProtocolError",
+    "FitError",
     "__version__",
 ]
 

@@ -7,7 +7,7 @@ parameter-server address it concerns.
 
 from __future__ import annotations
 
-__all__ = ["ElephantError", "ConfigError", "DataError", "PSError", "ProtocolError"]
+__all__ = ["ElephantError", "ConfigError", "DataError", "PSError", "ProtocolError", "FitError"]
 
 
 class ElephantError(Exception):
@@ -33,3 +33,7 @@ class PSError(ElephantError, RuntimeError):
 
 class ProtocolError(ElephantError, ValueError):
     """A message on the wire is malformed (bad header, count, shape, dtype or value)."""
+
+
+class FitError(ElephantError, RuntimeError):
+    """An epoch's Spark job failed; the message names the epoch, the cause and what the model holds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import time
 import uuid
@@ -14,7 +15,7 @@ import numpy as np
 from elephant import data as D
 from elephant import session
 from elephant import weights as W
-from elephant.errors import ConfigError, DataError
+from elephant.errors import ConfigError, DataError, ElephantError, FitError
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.base import overlap_warning, settable_learning_rate, worker_batch_size
 from elephant.worker import TaskSpec
@@ -120,6 +121,29 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
 
     stage = rdd.barrier() if barrier else rdd
     return stage.mapPartitions(task).collect()
+
+
+_CAUSE = re.compile(r"^(\w+(?:Error|Exception|Interrupt)): (.+)$", re.MULTILINE)
+
+
+def spark_failure_cause(exc: BaseException) -> str:
+    """The innermost ``SomeError: message`` line of a Spark job failure (the task's own error), else its first line."""
+    text = str(exc)
+    causes = [m for m in _CAUSE.finditer(text) if not m.group(1).startswith(("Py4J", "Spark", "Task"))]
+    if causes:
+        return f"{causes[-1].group(1)}: {causes[-1].group(2).strip()[:500]}"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {first[:500]}"
+
+
+def epoch_failure(exc: BaseException, epoch: int, epochs: int) -> FitError:
+    """One clear error for a failed epoch job: which epoch, the task's error, what ``sm.model`` holds."""
+    held = f"the weights after epoch {epoch}" if epoch else "the weights it had before the fit"
+    return FitError(
+        f"epoch {epoch + 1} of {epochs} failed in Spark: {spark_failure_cause(exc)}. The fit stopped and sm.model "
+        f"holds {held} (the failed epoch's partial progress is discarded); fit again to go on "
+        f"(initial_epoch={epoch} keeps Keras' epoch numbers)"
+    )
 
 
 def _callback_list(sm, callbacks, epochs):
@@ -273,7 +297,12 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                     fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
                     learning_rate=rate,
                 )
-                results = _epoch_job(rdd, spec, barrier)
+                try:
+                    results = _epoch_job(rdd, spec, barrier)
+                except ElephantError:
+                    raise
+                except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
+                    raise epoch_failure(exc, epoch, epochs) from exc
                 logs = aggregate_logs(results)
                 sm.model.set_weights(store.center())
                 if val is not None and validates_after(epoch, validation_freq):

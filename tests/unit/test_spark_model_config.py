@@ -269,3 +269,19 @@ def test_callbacks_that_act_per_batch_are_warned_about(tmp_path):
     warning = batch_hook_warning([*quiet, PerBatch(), keras.callbacks.TensorBoard(str(tmp_path / "tb"), update_freq=5),
                                   keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"), save_freq=10)])
     assert "['PerBatch', 'TensorBoard', 'ModelCheckpoint'] act on training batches" in warning
+
+
+def test_a_spark_failure_is_summarised_by_the_tasks_own_error():
+    from elephant.fit_loop import epoch_failure, spark_failure_cause
+
+    raw = Exception(
+        "An error occurred while calling o123.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 4 times\n"
+        "Traceback (most recent call last):\n  File \"worker.py\", line 9, in task\n"
+        "RuntimeError: injected fault in partition 0 at step 1\n\tat org.apache.spark.api.python...\n")
+    assert spark_failure_cause(raw) == "RuntimeError: injected fault in partition 0 at step 1"
+    assert spark_failure_cause(Exception("")) == "Exception: Exception"
+    error = epoch_failure(raw, 2, 5)
+    assert str(error).startswith("epoch 3 of 5 failed in Spark: RuntimeError: injected fault")
+    assert "sm.model holds the weights after epoch 2" in str(error) and "initial_epoch=2" in str(error)
+    assert "weights it had before the fit" in str(epoch_failure(raw, 0, 5))
