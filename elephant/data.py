@@ -1,8 +1,9 @@
 """Turn numpy arrays, RDDs and DataFrames into partitions of numpy blocks.
 
-A *block* is ``(x_block, y_block)``: ``x_block`` is an array, or a list/dict of
-arrays for multi-input models; ``y_block`` likewise for multi-output models
-(``None`` when there are no labels). Each partition of the training RDD holds
+A *block* is ``(x_block, y_block)`` or ``(x_block, y_block, w_block)``:
+``x_block`` is an array, or a list/dict of arrays for multi-input models;
+``y_block`` likewise for multi-output models (``None`` when there are no
+labels); ``w_block`` holds the samples' weights, as Keras' ``sample_weight``. Each partition of the training RDD holds
 one block, so the training hot path works on whole arrays and never loops over
 rows in Python. RDDs of records and DataFrames are converted to blocks once per
 fit and cached.
@@ -27,7 +28,12 @@ __all__ = [
     "num_samples",
     "take",
     "split_numpy",
+    "unpack",
     "check_xy",
+    "check_sample_weight",
+    "check_class_weight",
+    "class_weights_to_sample_weights",
+    "add_class_weights",
     "check_features",
     "stack_records",
     "records_are_blocks",
@@ -95,15 +101,89 @@ def take(x: Any, index) -> Any:
     return _map(x, lambda a: a[index])
 
 
-def split_numpy(x: Any, y: Any, num_parts: int, seed: int | None = 0) -> list[tuple[Any, Any]]:
-    """Split ``(x, y)`` into ``num_parts`` blocks of near-equal size.
+def split_numpy(x: Any, y: Any, num_parts: int, seed: int | None = 0, sample_weight: Any = None) -> list[tuple]:
+    """Split ``(x, y)`` (and ``sample_weight`` when given) into ``num_parts`` blocks of near-equal size.
 
     Rows are shuffled once with ``seed`` (``None`` keeps the given order) so that
     each worker sees a representative shard even when the input is sorted.
     """
     n = num_samples(x)
     order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
-    return [(take(x, idx), take(y, idx)) for idx in np.array_split(order, num_parts)]
+    parts = np.array_split(order, num_parts)
+    if sample_weight is None:
+        return [(take(x, idx), take(y, idx)) for idx in parts]
+    return [(take(x, idx), take(y, idx), take(sample_weight, idx)) for idx in parts]
+
+
+def unpack(block: tuple) -> tuple[Any, Any, Any]:
+    """``(x, y, w)`` of a block, ``w`` None when the block carries no weights."""
+    return (block[0], block[1], block[2]) if len(block) == 3 else (block[0], block[1], None)
+
+
+def check_sample_weight(sample_weight: Any, n: int, name: str = "sample_weight") -> np.ndarray:
+    """``sample_weight`` as a float array of ``n`` finite weights (Keras' shapes: ``(n,)``, or more dims)."""
+    w = np.asarray(sample_weight)
+    if w.dtype == object or not (np.issubdtype(w.dtype, np.number) or w.dtype == bool):
+        raise DataError(f"`{name}` must be numbers, one weight per sample; received an array of dtype {w.dtype}")
+    if w.ndim == 0 or len(w) != n:
+        got = "a scalar" if w.ndim == 0 else f"{len(w)} weights"
+        raise DataError(f"`{name}` must hold one weight per sample ({n}); received {got}")
+    w = w.astype(np.float32)
+    if not np.all(np.isfinite(w)):
+        raise DataError(f"`{name}` holds {int(np.sum(~np.isfinite(w)))} NaN or infinite weights")
+    return w
+
+
+def check_class_weight(class_weight: Any) -> dict[int, float]:
+    """Keras' ``class_weight``: a dict from class index to a finite weight."""
+    if not isinstance(class_weight, Mapping) or not class_weight:
+        raise DataError("`class_weight` must be a dict from class index to weight, e.g. {0: 1.0, 1: 5.0}; "
+                        f"received {type(class_weight).__name__}")
+    out = {}
+    for k, v in class_weight.items():
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise DataError(f"`class_weight` keys must be class indices (ints); received key {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not np.isfinite(v):
+            raise DataError(f"`class_weight` values must be finite numbers; received {k!r}: {v!r}")
+        out[int(k)] = float(v)
+    return out
+
+
+def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
+    """Each sample's weight from its class, as Keras does (missing classes weigh 1).
+
+    The class is the label itself for sparse labels (``(n,)`` or ``(n, 1)``,
+    rounded) and the arg-max for one-hot or probability labels ``(n, C)``.
+    """
+    if isinstance(y, (Mapping, list, tuple)) and not isinstance(y, np.ndarray):
+        leaves = _leaves(y)
+        if len(leaves) != 1:
+            raise DataError("`class_weight` works with single-output models only (as in Keras); "
+                            f"received labels for {len(leaves)} outputs. Pass sample weights instead")
+        y = leaves[0]
+    labels = np.asarray(y)
+    if labels.ndim > 2:
+        raise DataError(f"`class_weight` needs labels of shape (n,), (n, 1) or (n, classes); received {labels.shape}")
+    if labels.ndim == 2:
+        labels = labels[:, 0] if labels.shape[1] == 1 else np.argmax(labels, axis=-1)
+    classes = np.round(labels).astype(np.int64)
+    weights = np.ones(len(classes), dtype=np.float32)
+    for cls, weight in class_weight.items():
+        weights[classes == cls] = weight
+    return weights
+
+
+def add_class_weights(class_weight: Mapping[int, float]):
+    """A ``map`` function giving each ``(x, y)`` block its class weights (a block with weights is refused)."""
+
+    def add(block: tuple) -> tuple:
+        x, y, w = unpack(block)
+        if w is not None:
+            raise DataError("the data carries sample weights and `class_weight` was given; pass one of them "
+                            "(Keras refuses both together)")
+        return x, y, class_weights_to_sample_weights(y, class_weight)
+
+    return add
 
 
 def check_xy(x: Any, y: Any) -> int:
@@ -170,20 +250,26 @@ def check_features(model, x: Any, name: str = "x") -> None:
 
 
 def records_are_blocks(first: Any, expected_shapes: list[tuple] | None) -> bool:
-    """Whether an RDD's first element is an ``(x_block, y_block)`` pair rather than one record.
+    """Whether an RDD's first element is a block rather than one record.
 
+    Both are tuples: ``(features, label)`` or ``(features, label, weight)``
+    records, ``(x_block, y_block)`` or ``(x_block, y_block, w_block)`` blocks.
     Decided from the model's input rank: a block's features carry a batch
     dimension, a record's do not.
     """
-    if not isinstance(first, tuple) or len(first) != 2:
+    if not isinstance(first, tuple) or len(first) not in (2, 3):
         raise DataError(
-            f"an RDD passed to elephant must hold (features, label) records or (x_block, y_block) pairs; "
-            f"its first element is {type(first).__name__}"
+            "an RDD passed to elephant must hold (features, label) or (features, label, weight) records, or "
+            f"(x_block, y_block[, w_block]) blocks; its first element is {_describe(first)}"
         )
     features = _leaves(first[0])[0]
     if expected_shapes is None:
         return features.ndim >= 2
     return features.ndim == len(expected_shapes[0]) + 1
+
+
+def _describe(item: Any) -> str:
+    return f"a tuple of {len(item)} items" if isinstance(item, tuple) else type(item).__name__
 
 
 #: Rows converted at a time from per-row Python objects (RDD records, DataFrame rows):
@@ -199,31 +285,48 @@ def chunked(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]
         yield chunk
 
 
-def stack_records(records: Iterable[tuple[Any, Any]], feature_dtype=np.float32) -> Iterator[tuple[Any, Any]]:
-    """One block from an iterable of ``(features, label)`` records (empty -> nothing).
+def stack_records(records: Iterable[tuple], feature_dtype=np.float32) -> Iterator[tuple]:
+    """One block from ``(features, label)`` or ``(features, label, weight)`` records (empty -> nothing).
 
     Records are stacked :data:`CHUNK_ROWS` at a time, so at most one chunk of
     them is alive as Python objects, whatever the partition's size.
     """
-    xs, ys = [], []
+    xs, ys, ws = [], [], []
+    weighted = None
     for chunk in chunked(records):
+        if weighted is None:
+            weighted = len(chunk[0]) == 3
+        if any(len(r) != len(chunk[0]) for r in chunk):
+            raise DataError("the RDD mixes (features, label) and (features, label, weight) records; "
+                            "give every record a weight, or none")
         xs.append(np.asarray([r[0] for r in chunk], dtype=feature_dtype))
         ys.append(np.asarray([r[1] for r in chunk]))
+        if weighted:
+            ws.append(np.asarray([r[2] for r in chunk], dtype=np.float32))
+            if not np.all(np.isfinite(ws[-1])):
+                raise DataError("the RDD's records hold None, NaN or infinite sample weights")
     if not xs:
         return iter(())
+    if weighted:
+        return iter([(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws))])
     return iter([(np.concatenate(xs), np.concatenate(ys))])
 
 
-def concat_blocks(blocks: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
-    """Merge the ``(x_block, y_block)`` pairs of one partition into a single block."""
+def concat_blocks(blocks: Iterable[tuple]) -> Iterator[tuple]:
+    """Merge the blocks of one partition into a single block."""
     blocks = [b for b in blocks if num_samples(b[0]) > 0]
     if not blocks:
         return iter(())
+    if len({len(b) for b in blocks}) > 1:
+        raise DataError("the RDD mixes blocks with and without sample weights; give every block weights, or none")
     if len(blocks) == 1:
         return iter(blocks)
     xs = [b[0] for b in blocks]
     ys = [b[1] for b in blocks]
-    return iter([(_concat(xs), None if ys[0] is None else _concat(ys))])
+    merged = (_concat(xs), None if ys[0] is None else _concat(ys))
+    if len(blocks[0]) == 3:
+        merged += (_concat([b[2] for b in blocks]),)
+    return iter([merged])
 
 
 def _concat(parts: Sequence[Any]) -> Any:
@@ -254,17 +357,19 @@ def partition_to_blocks(expected_shapes: list[tuple] | None):
     return convert
 
 
-def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | None):
-    """An RDD of ``(x_block, y_block)`` from a DataFrame.
+def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | None, weight_col: str | None = None):
+    """An RDD of ``(x_block, y_block)`` (``(x_block, y_block, w_block)`` with ``weight_col``) from a DataFrame.
 
     ``features_col`` may name a Vector column, an array column or a scalar
-    column, or be a list of scalar columns (stacked into one feature vector).
+    column, or be a list of scalar columns (stacked into one feature vector);
+    ``weight_col`` names a numeric column of sample weights.
     """
     from pyspark.sql import functions as F
     from pyspark.ml.functions import vector_to_array
 
     cols = [features_col] if isinstance(features_col, str) else list(features_col)
-    missing = [c for c in cols + ([label_col] if label_col else []) if c not in df.columns]
+    extra = [c for c in (label_col, weight_col) if c]
+    missing = [c for c in cols + extra if c not in df.columns]
     if missing:
         raise DataError(f"DataFrame has no column(s) {missing}; its columns are {df.columns}")
     exprs = []
@@ -272,14 +377,17 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
         kind = type(df.schema[c].dataType).__name__
         if kind == "VectorUDT":
             exprs.append(vector_to_array(F.col(c)).alias(c))
-        elif kind in ("ArrayType",) or kind.endswith(("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")):
+        elif kind in ("ArrayType",) or kind.endswith(_NUMERIC):
             exprs.append(F.col(c))
         else:
             raise DataError(f"column {c!r} has type {df.schema[c].dataType.simpleString()}; expected a Vector, an array or a number")
-    if label_col:
-        exprs.append(F.col(label_col))
+    if weight_col and not type(df.schema[weight_col].dataType).__name__.endswith(_NUMERIC):
+        raise DataError(f"`weight_col` {weight_col!r} has type {df.schema[weight_col].dataType.simpleString()}; "
+                        "expected a number per row")
+    exprs += [F.col(c) for c in extra]
     scalar_stack = len(cols) > 1
     has_label = label_col is not None
+    has_weight = weight_col is not None
 
     n_feat = len(cols)
 
@@ -290,10 +398,19 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
             x = np.asarray([r[0] for r in rows], dtype=np.float32)
             if x.ndim == 1:
                 x = x[:, None]
-        return x, (np.asarray([r[n_feat] for r in rows]) if has_label else None)
+        y = np.asarray([r[n_feat] for r in rows]) if has_label else None
+        if not has_weight:
+            return x, y
+        w = np.asarray([r[-1] for r in rows], dtype=np.float32)
+        if not np.all(np.isfinite(w)):
+            raise DataError(f"`weight_col` {weight_col!r} holds null, NaN or infinite weights")
+        return x, y, w
 
     def to_block(rows):
         # CHUNK_ROWS rows at a time: the partition never exists as one list of Rows
         return concat_blocks(chunk_block(chunk) for chunk in chunked(rows))
 
     return df.select(*exprs).rdd.mapPartitions(to_block)
+
+
+_NUMERIC = ("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")

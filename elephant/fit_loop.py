@@ -16,6 +16,7 @@ from elephant import data as D
 from elephant import session
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError, ElephantError, FitError
+from elephant.inference import mean_logs
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.base import overlap_warning, settable_learning_rate, worker_batch_size
 from elephant.worker import TaskSpec
@@ -29,8 +30,13 @@ def _shape_summary(block) -> list[tuple]:
     return [tuple(a.shape[1:]) for a in D._leaves(block[0])]
 
 
-def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
-    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked."""
+def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sample_weight=None,
+                 class_weight=None, weight_col=None):
+    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
+
+    Sample weights travel in the blocks (``(x, y, w)``); ``class_weight`` is
+    turned into sample weights of the training data, as Keras does.
+    """
     model = sm.model
     val = None
     if D.is_rdd(x) or D.is_dataframe(x):
@@ -41,6 +47,12 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
             )
         if y is not None:
             raise DataError("`y` must be None when `x` is an RDD or a DataFrame (labels travel inside `x`)")
+        if sample_weight is not None:
+            raise DataError("`sample_weight` must be None when `x` is an RDD or a DataFrame: weights travel inside "
+                            "`x`, as (features, label, weight) records or (x, y, w) blocks of an RDD, or a "
+                            "DataFrame column named by `weight_col`")
+        if weight_col is not None and not D.is_dataframe(x):
+            raise DataError(f"`weight_col` names a DataFrame column, but `x` is an RDD; received weight_col={weight_col!r}")
         if D.is_rdd(x):
             num_workers = sm.num_workers or x.getNumPartitions()
             if x.getNumPartitions() != num_workers:
@@ -49,9 +61,15 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
         else:
             num_workers = sm.num_workers or max(1, sc.defaultParallelism)
             df = x if x.rdd.getNumPartitions() == num_workers else x.repartition(num_workers)
-            rdd = D.dataframe_blocks(df, features_col, label_col)
+            rdd = D.dataframe_blocks(df, features_col, label_col, weight_col)
+        if class_weight is not None:
+            rdd = rdd.map(D.add_class_weights(class_weight))
         rdd = rdd.cache()
-        summary = rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), _shape_summary(b)) for b in it]]).collect()
+        try:
+            summary = _data_job(rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), _shape_summary(b)) for b in it]]))
+        except DataError:
+            rdd.unpersist()
+            raise
         sizes = [s[0][0] if s else 0 for s in summary]
         if sum(sizes) == 0:
             rdd.unpersist()
@@ -66,28 +84,38 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split):
 
     n = D.check_xy(x, y)
     D.check_features(model, x)
+    w = None if sample_weight is None else D.check_sample_weight(sample_weight, n)
     if validation_split:
         cut = int(n * (1.0 - validation_split))
         if cut == 0 or cut == n:
             raise DataError(f"validation_split={validation_split} leaves no training or no validation samples out of {n}")
-        val = (D.take(x, slice(cut, None)), D.take(y, slice(cut, None)))
-        x, y = D.take(x, slice(0, cut)), D.take(y, slice(0, cut))
+        val = (D.take(x, slice(cut, None)), D.take(y, slice(cut, None))) + (() if w is None else (w[cut:],))
+        x, y, w = D.take(x, slice(0, cut)), D.take(y, slice(0, cut)), D.take(w, slice(0, cut))
         n = cut
+    if class_weight is not None:
+        w = D.class_weights_to_sample_weights(y, class_weight)
     num_workers = sm.num_workers or max(1, sc.defaultParallelism)
     num_workers = min(num_workers, n)
-    blocks = D.split_numpy(x, y, num_workers, seed=sm.seed)
+    blocks = D.split_numpy(x, y, num_workers, seed=sm.seed, sample_weight=w)
     rdd = sc.parallelize(blocks, num_workers).cache()
     return rdd, num_workers, val
 
 
+def _data_job(rdd) -> list:
+    """``rdd.collect()``, with a ``DataError`` raised in a task raised again on the driver as itself."""
+    try:
+        return rdd.collect()
+    except Exception as exc:  # Py4JJavaError / PythonException carry the task's traceback as text
+        cause = spark_failure_cause(exc)
+        if cause.startswith("DataError: "):
+            raise DataError(cause[len("DataError: "):]) from exc
+        raise
+
+
 def aggregate_logs(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Sample-weighted mean of the partitions' local training logs."""
-    trained = [r for r in results if r["samples"] > 0 and r.get("logs")]
-    total = sum(r["samples"] for r in trained)
-    if not total:
-        return {}
-    keys = trained[0]["logs"].keys()
-    return {k: sum(r["logs"][k] * r["samples"] for r in trained) / total for k in keys}
+    """The epoch's training logs from the partitions' own (see :func:`elephant.inference.mean_logs`)."""
+    return mean_logs([(r["samples"], r.get("logs"), r.get("weight_sum", r["samples"]), r.get("weighted_keys", ()))
+                      for r in results])
 
 
 def _staleness_mean(before: dict, after: dict) -> float | None:
@@ -207,15 +235,29 @@ def _follow_learning_rate(local, previous: float | None, store) -> float | None:
 
 
 def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, callbacks, verbose,
-            features_col, label_col, shuffle, initial_epoch=0, validation_freq=1, validation_batch_size=None):
+            features_col, label_col, shuffle, initial_epoch=0, validation_freq=1, validation_batch_size=None,
+            sample_weight=None, class_weight=None, weight_col=None):
     from tqdm.auto import tqdm
 
     D.check_input_kind(x)
+    if class_weight is not None:
+        class_weight = D.check_class_weight(class_weight)
+        if sample_weight is not None or weight_col is not None:
+            given = "sample_weight" if sample_weight is not None else "weight_col"
+            raise ConfigError(f"pass either `class_weight` or `{given}`, not both (as in Keras): fold the class "
+                              "weights into the sample weights")
     if not (D.is_rdd(x) or D.is_dataframe(x)):  # numpy: check everything before Spark starts
         if y is None:
             raise DataError("`y` is required when `x` is a numpy array (or a list/dict of arrays)")
-        D.check_xy(x, y)
+        if weight_col is not None:
+            raise DataError(f"`weight_col` names a DataFrame column, but `x` is numpy; pass sample_weight= instead "
+                            f"(received weight_col={weight_col!r})")
+        n = D.check_xy(x, y)
         D.check_features(sm.model, x)
+        if sample_weight is not None:
+            D.check_sample_weight(sample_weight, n)
+        if class_weight is not None:
+            D.class_weights_to_sample_weights(y, class_weight)  # refuses multi-output labels before Spark starts
     if validation_data is not None:
         if validation_split:
             raise ConfigError(
@@ -226,7 +268,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     spark = sm.spark
     sc = spark.sparkContext
     rdd, num_workers, val = training_rdd(
-        sm, sc, x, y, features_col=features_col, label_col=label_col, validation_split=validation_split
+        sm, sc, x, y, features_col=features_col, label_col=label_col, validation_split=validation_split,
+        sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col,
     )
     if validation_data is not None:
         val = tuple(validation_data)

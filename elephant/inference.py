@@ -95,7 +95,7 @@ def rdd_predictions(items: Any, predict: Any, expected_shapes: list[tuple] | Non
     if first is None:
         return
     items = itertools.chain([first], it)
-    labelled = isinstance(first, tuple) and len(first) == 2
+    labelled = isinstance(first, tuple) and len(first) in (2, 3)
     if labelled and D.records_are_blocks(first, expected_shapes):
         for block in items:
             yield predict(block[0])
@@ -158,10 +158,10 @@ def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
 
 
 def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom_objects=None,
-             features_col="features", label_col="label"):
+             features_col="features", label_col="label", sample_weight=None, weight_col=None):
     sc = spark.sparkContext
     if D.is_dataframe(x):
-        rdd = D.dataframe_blocks(x, features_col, label_col)
+        rdd = D.dataframe_blocks(x, features_col, label_col, weight_col)
     elif D.is_rdd(x):
         rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
     else:
@@ -169,21 +169,24 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         if y is None:
             raise DataError("`y` is required to evaluate numpy inputs")
         D.check_features(model, x)
+        w = None if sample_weight is None else D.check_sample_weight(sample_weight, n)
         idx = np.array_split(np.arange(n), min(num_workers, n))
-        rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) for i in idx], len(idx))
+        rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
     ship = ModelShipment(sc, model, custom_objects)
     spec = ship.spec()
 
     def task(blocks):
-        from elephant.worker import evaluate_block
+        from elephant.worker import evaluate_block, weighted_metric_keys
 
         out = []
         m = None
-        for xb, yb in blocks:
+        for block in blocks:
+            xb, yb, wb = D.unpack(block)
             count = D.num_samples(xb)
             if count:
                 m = m or _model(spec)
-                out.append((count, evaluate_block(m, xb, yb, batch_size)))
+                logs = evaluate_block(m, xb, yb, batch_size, wb)
+                out.append((count, logs, count if wb is None else float(np.sum(wb)), weighted_metric_keys(m)))
         return out
 
     try:
@@ -193,18 +196,37 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
     return combine_partition_logs(parts, return_dict)
 
 
-def combine_partition_logs(parts: list[tuple[int, dict[str, float]]], return_dict: bool) -> Any:
-    """Sample-weighted mean of per-partition ``(count, logs)``, returned as Keras' ``evaluate`` does.
+def combine_partition_logs(parts: list[tuple], return_dict: bool) -> Any:
+    """Partitions' ``(count, logs)`` or ``(count, logs, weight_sum, weighted_keys)`` combined, as Keras' ``evaluate`` returns them.
 
     A dict if ``return_dict``; else the loss first, then the metrics (a bare
     float when there is only the loss).
     """
     if not parts:
         raise DataError("`x` holds no samples to evaluate")
-    total = sum(c for c, _ in parts)
-    keys = sorted(parts[0][1], key=lambda k: k != "loss")  # Keras' order: loss first, then the metrics
-    result = {k: float(sum(c * logs[k] for c, logs in parts) / total) for k in keys}
+    result = mean_logs(parts)
+    result = {k: result[k] for k in sorted(result, key=lambda k: k != "loss")}  # Keras' order: loss first
     return keras_evaluate_result(result, return_dict)
+
+
+def mean_logs(parts: Sequence[tuple]) -> dict[str, float]:
+    """The mean of partitions' logs, each partition weighing as much as its samples did in Keras' own mean.
+
+    A part is ``(count, logs)`` or ``(count, logs, weight_sum, weighted_keys)``.
+    The loss and plain metrics are means over samples (Keras' loss is the sum
+    of weighted losses over the batch size), so partitions weigh by ``count``;
+    ``weighted_metrics`` (``weighted_keys``) are means over the sample weights,
+    so partitions weigh by ``weight_sum``. Exact for mean-type metrics.
+    """
+    parts = [p for p in parts if p[0] > 0 and p[1]]
+    if not parts:
+        return {}
+    out = {}
+    for key in parts[0][1]:
+        by_weight = [(p[2] if len(p) > 2 and key in p[3] else p[0], p[1][key]) for p in parts]
+        total = sum(w for w, _ in by_weight)
+        out[key] = float(sum(w * v for w, v in by_weight) / total) if total else float("nan")
+    return out
 
 
 def keras_evaluate_result(logs: dict[str, float], return_dict: bool) -> Any:

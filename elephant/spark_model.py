@@ -49,13 +49,10 @@ def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> int 
 #: and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
     "fit": {
-        "class_weight": "class weights are not supported yet; repeat or drop samples of each class in the data instead",
-        "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
         "steps_per_epoch": "every epoch is one pass over each worker's partition; pass fewer samples, or more epochs",
         "validation_steps": "validation runs on the whole validation set; pass a smaller one",
     },
     "evaluate": {
-        "sample_weight": "sample weights are not supported yet; repeat or drop samples in the data instead",
         "steps": "every sample is evaluated; pass fewer samples",
     },
     "predict": {
@@ -287,6 +284,7 @@ class SparkModel:
         *,
         features_col: str | Sequence[str] = "features",
         label_col: str = "label",
+        weight_col: str | None = None,
     ):
         """Train on Spark; returns a ``keras.callbacks.History``.
 
@@ -296,11 +294,18 @@ class SparkModel:
         ``x`` may be numpy arrays (``y`` given), a list/dict of arrays for
         multi-input models, an RDD of ``(features, label)`` records or of
         ``(x_block, y_block)`` pairs, or a DataFrame (``features_col``,
-        ``label_col``). ``batch_size`` (default 32) is the global batch when
+        ``label_col``). Sample weights weigh the loss and the compiled
+        ``weighted_metrics`` as in Keras: ``sample_weight`` for numpy,
+        ``(features, label, weight)`` records or ``(x, y, w)`` blocks in an
+        RDD, ``weight_col`` for a DataFrame; ``class_weight`` (a dict from
+        class index to weight, single-output models) works with every input
+        kind and is turned into sample weights of the training data from the
+        labels (sparse or one-hot). ``batch_size`` (default 32) is the global batch when
         the rule splits it among the workers (see ``SparkModel(batch_split=)``).
         Standard Keras callbacks run on the driver at each epoch's end; a
         learning rate they set reaches the workers from the next epoch.
-        ``validation_data`` / ``validation_split`` (numpy only) are evaluated
+        ``validation_data`` (``(x_val, y_val[, val_sample_weight])``) or
+        ``validation_split`` (numpy only; the split keeps its sample weights) is evaluated
         on the driver's copy of the model after every ``validation_freq``-th
         epoch (an int, or a list of 1-based epoch numbers), in batches of
         ``validation_batch_size`` (default ``batch_size``). ``initial_epoch``
@@ -309,14 +314,14 @@ class SparkModel:
         callbacks see those numbers).
 
         Raises:
-            ConfigError: an invalid setting, or one elephant does not support yet:
-                ``sample_weight``, ``class_weight``, ``steps_per_epoch`` and
+            ConfigError: an invalid setting, ``class_weight`` with sample weights,
+                or an argument elephant does not support: ``steps_per_epoch`` and
                 ``validation_steps`` (the error says what to do instead).
+            DataError: data or weights that do not fit the model or each other.
         """
         from elephant.fit_loop import run_fit
 
-        _refuse_unsupported("fit", class_weight=class_weight, sample_weight=sample_weight,
-                            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+        _refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
         epochs = _check_positive_int("epochs", epochs)
         batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
         validation_batch_size = batch_size if validation_batch_size is None else \
@@ -339,6 +344,7 @@ class SparkModel:
             validation_split=float(validation_split), callbacks=callbacks, verbose=verbose,
             features_col=features_col, label_col=label_col, shuffle=shuffle, initial_epoch=int(initial_epoch),
             validation_freq=validation_freq, validation_batch_size=validation_batch_size,
+            sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col,
         )
 
     # ------------------------------------------------------- predict/evaluate
@@ -369,27 +375,42 @@ class SparkModel:
 
     def evaluate(self, x, y=None, batch_size: int | None = None, verbose: str | int = "auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict: bool = False, *,
-                 features_col: str | Sequence[str] = "features", label_col: str = "label"):
-        """Sample-weighted loss and metrics computed on Spark (``keras.Model.evaluate``'s arguments and returns).
+                 features_col: str | Sequence[str] = "features", label_col: str = "label",
+                 weight_col: str | None = None):
+        """Loss and metrics computed on Spark (``keras.Model.evaluate``'s arguments and returns).
 
-        Partitions are evaluated separately and combined as a sample-weighted
-        mean: exact for mean-type metrics (loss, accuracy, MAE, MSE), not for
-        AUC, precision, recall or F1 (compute those from :meth:`predict`).
+        Sample weights come as in :meth:`fit`: ``sample_weight`` for numpy,
+        records or blocks with weights in an RDD, ``weight_col`` for a
+        DataFrame. Partitions are evaluated separately and combined as Keras
+        would average them (the loss and plain metrics over the samples,
+        ``weighted_metrics`` over the weights): exact for mean-type metrics
+        (loss, accuracy, MAE, MSE), not for AUC, precision, recall or F1
+        (compute those from :meth:`predict`).
         ``callbacks`` get ``on_test_begin`` and ``on_test_end(logs)`` on the
         driver; ``verbose`` is accepted, and nothing is printed.
 
         Raises:
-            ConfigError: ``sample_weight`` or ``steps`` (not supported yet), or an invalid ``verbose``.
+            ConfigError: ``steps`` (every sample is evaluated), or an invalid ``verbose``.
+            DataError: data or weights that do not fit the model or each other.
         """
         from elephant.inference import evaluate, keras_evaluate_result
 
-        _refuse_unsupported("evaluate", sample_weight=sample_weight, steps=steps)
+        _refuse_unsupported("evaluate", steps=steps)
+        if sample_weight is not None and (D.is_rdd(x) or D.is_dataframe(x)):
+            raise DataError("`sample_weight` must be None when `x` is an RDD or a DataFrame: weights travel inside "
+                            "`x` (records or blocks with weights, or `weight_col`)")
+        if weight_col is not None and not D.is_dataframe(x):
+            raise DataError(f"`weight_col` names a DataFrame column; `x` is not a DataFrame (received "
+                            f"weight_col={weight_col!r})")
+        if sample_weight is not None and not D.is_rdd(x) and not D.is_dataframe(x):
+            D.check_sample_weight(sample_weight, D.num_samples(x))
         _check_verbose(verbose)
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_test_begin()
         logs = evaluate(self.model, x, y, batch_size, return_dict=True,
                         num_workers=self._inference_workers(x), spark=self.spark,
-                        custom_objects=self.custom_objects, features_col=features_col, label_col=label_col)
+                        custom_objects=self.custom_objects, features_col=features_col, label_col=label_col,
+                        sample_weight=sample_weight, weight_col=weight_col)
         cbks.on_test_end(logs)
         return keras_evaluate_result(logs, return_dict)
 

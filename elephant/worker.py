@@ -374,7 +374,7 @@ def inject_fault(fault: str, partition: int, step: int) -> None:
     raise RuntimeError(f"injected fault in partition {partition} at step {step}")
 
 
-def _train_pass(model, x: Any, y: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
+def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
     """One pass over the block with Keras' compiled train step; commits via ``window``.
 
     ``model.fit`` costs ~0.1-0.2 s of set-up per call, which dominates short
@@ -384,13 +384,13 @@ def _train_pass(model, x: Any, y: Any, spec: TaskSpec, window: _Window) -> dict[
     n = D.num_samples(x)
     if spec.shuffle:
         order = np.random.default_rng().permutation(n)
-        x, y = D.take(x, order), D.take(y, order)
+        x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     model.make_train_function()
     model.reset_metrics()
     logs: dict[str, Any] = {}
     for start in range(0, n, spec.batch_size):
         batch = slice(start, start + spec.batch_size)
-        logs = model.train_function(iter([(D.take(x, batch), D.take(y, batch), None)]))
+        logs = model.train_function(iter([(D.take(x, batch), D.take(y, batch), D.take(w, batch))]))
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             window.diverge()  # as Keras' TerminateOnNaN, but the center never sees the NaN
         else:
@@ -421,14 +421,14 @@ def run_partition(
     if n == 0:
         client.finish(spec.run, spec.epoch, partition, attempt)
         return [base]
-    x, y = block
+    x, y, w = D.unpack(block)
     model = training_model(spec)
     if spec.learning_rate is not None:  # what callbacks set on the driver's model this epoch
         model.optimizer.learning_rate = spec.learning_rate
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)
     try:
-        logs = _train_pass(model, x, y, spec, window)
+        logs = _train_pass(model, x, y, w, spec, window)
         window.commit()  # flush the partial last window
         window.settle()
     finally:
@@ -441,6 +441,8 @@ def run_partition(
             commits=window.commits,
             diverged_at=window.diverged_at,
             logs=logs,
+            weight_sum=n if w is None else float(np.sum(w)),
+            weighted_keys=weighted_metric_keys(model),
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,
             comm_seconds=window.comm_seconds,
@@ -452,5 +454,22 @@ def predict_block(model, x: Any, batch_size: int | None) -> np.ndarray | list | 
     return model.predict(x, batch_size=batch_size, verbose=0)
 
 
-def evaluate_block(model, x: Any, y: Any, batch_size: int | None) -> dict[str, float]:
-    return {k: float(v) for k, v in model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True).items()}
+def evaluate_block(model, x: Any, y: Any, batch_size: int | None, sample_weight: Any = None) -> dict[str, float]:
+    logs = model.evaluate(x, y, sample_weight=sample_weight, batch_size=batch_size, verbose=0, return_dict=True)
+    return {k: float(v) for k, v in logs.items()}
+
+
+def weighted_metric_keys(model) -> list[str]:
+    """The log keys of the model's ``weighted_metrics`` (their means are over the weights, not the samples).
+
+    Keras' compiled metrics report the plain ``metrics`` first and then the
+    weighted ones, so the weighted keys are the tail of their result.
+    """
+    compiled = getattr(model, "_compile_metrics", None)
+    if compiled is None or not getattr(compiled, "built", False):
+        return []
+    try:
+        plain = sum(len(group.metrics) for group in compiled._flat_metrics if group)
+        return list(compiled.result())[plain:]
+    except (AttributeError, TypeError, ValueError):  # a Keras that keeps its metrics elsewhere
+        return []

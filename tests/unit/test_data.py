@@ -67,8 +67,12 @@ def test_records_vs_blocks_decided_by_model_rank():
     block = (np.zeros((8, 4)), np.zeros(8))
     assert not D.records_are_blocks(record, [(4,)])
     assert D.records_are_blocks(block, [(4,)])
-    with pytest.raises(DataError, match="must hold \\(features, label\\) records"):
+    assert not D.records_are_blocks((np.zeros(4), 1, 0.5), [(4,)])
+    assert D.records_are_blocks(block + (np.ones(8),), [(4,)])
+    with pytest.raises(DataError, match="must hold \\(features, label\\) or \\(features, label, weight\\) records"):
         D.records_are_blocks(np.zeros(4), [(4,)])
+    with pytest.raises(DataError, match="its first element is a tuple of 4 items"):
+        D.records_are_blocks((1, 2, 3, 4), [(4,)])
 
 
 def test_stack_records_and_concat_blocks():
@@ -107,3 +111,49 @@ def test_records_are_stacked_chunk_by_chunk_never_as_one_list(monkeypatch):
     np.testing.assert_array_equal(y, np.arange(1000) % 3)
     assert _Alive.peak <= 2 * 100 + 1  # at most the chunk being built and the one just converted
     assert [len(c) for c in D.chunked(range(250), 100)] == [100, 100, 50]
+
+
+def test_split_numpy_keeps_each_weight_with_its_sample():
+    x = np.arange(10, dtype=np.float32)[:, None]
+    blocks = D.split_numpy(x, np.arange(10), 3, seed=4, sample_weight=np.arange(10) / 10)
+    for xb, yb, wb in blocks:
+        np.testing.assert_array_equal(xb[:, 0], yb)
+        np.testing.assert_allclose(wb, yb / 10)
+    assert D.unpack((x, None))[2] is None and D.unpack(blocks[0])[2] is blocks[0][2]
+
+
+def test_weighted_records_and_blocks_become_weighted_blocks():
+    ((x, y, w),) = D.stack_records([([1, 2], 0, 0.5), ([3, 4], 1, 2.0)])
+    assert x.shape == (2, 2) and y.tolist() == [0, 1] and w.dtype == np.float32 and w.tolist() == [0.5, 2.0]
+    merged = list(D.concat_blocks([(np.zeros((2, 3)), np.zeros(2), np.ones(2)), (np.ones((1, 3)), np.ones(1), np.zeros(1))]))
+    assert merged[0][2].tolist() == [1.0, 1.0, 0.0]
+    with pytest.raises(DataError, match="mixes \\(features, label\\) and \\(features, label, weight\\) records"):
+        list(D.stack_records([([1, 2], 0, 0.5), ([3, 4], 1)]))
+    with pytest.raises(DataError, match="mixes blocks with and without sample weights"):
+        list(D.concat_blocks([(np.zeros((2, 3)), np.zeros(2), np.ones(2)), (np.ones((1, 3)), np.ones(1))]))
+    with pytest.raises(DataError, match="records hold None, NaN or infinite sample weights"):
+        list(D.stack_records([([1, 2], 0, None)]))
+
+
+@pytest.mark.parametrize("y", [
+    np.array([0, 2, 1, 2]),  # sparse
+    np.array([[0], [2], [1], [2]]),  # sparse, one column
+    np.eye(3)[[0, 2, 1, 2]],  # one-hot
+    np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.2, 0.5, 0.3], [0.0, 0.4, 0.6]]),  # probabilities: the arg-max
+])
+def test_class_weights_are_keras_own(y):
+    pytest.importorskip("keras")
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    weights = {0: 1.5, 2: 4.0}  # class 1 missing: weight 1
+    mine = D.class_weights_to_sample_weights(y, weights)
+    np.testing.assert_array_equal(mine, [1.5, 4.0, 1.0, 4.0])
+    np.testing.assert_array_equal(mine, class_weight_to_sample_weights(y, weights))
+
+
+def test_class_weights_refuse_a_block_that_already_has_weights():
+    add = D.add_class_weights({0: 2.0})
+    x, y, w = add((np.zeros((2, 3)), np.array([0, 1])))
+    assert w.tolist() == [2.0, 1.0]
+    with pytest.raises(DataError, match="carries sample weights and `class_weight` was given"):
+        add((np.zeros((2, 3)), np.array([0, 1]), np.ones(2)))

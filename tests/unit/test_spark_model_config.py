@@ -90,8 +90,16 @@ def test_default_optimizer_depends_on_mode(model):
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2), np.ones(4))}, DataError, r"`validation_data\[2\]` has 4 samples"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((0, 4)), np.zeros(0))}, DataError, r"`validation_data\[0\]` is empty"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_data": (np.zeros((2, 4)), np.zeros(2)), "validation_split": 0.2}, ConfigError, r"pass either `validation_data` or `validation_split`, not both; received validation_split=0.2"),
-        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": np.ones(5)}, ConfigError, r"`sample_weight` is not supported by SparkModel.fit: .*received sample_weight of type ndarray"),
-        (np.zeros((5, 4)), np.zeros(5), {"class_weight": {0: 1.0}}, ConfigError, r"`class_weight` is not supported .*type dict"),
+        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": np.ones(4)}, DataError, r"`sample_weight` must hold one weight per sample \(5\); received 4 weights"),
+        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": 2.0}, DataError, r"`sample_weight` must hold one weight per sample \(5\); received a scalar"),
+        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": [1, 1, np.nan, 1, 1]}, DataError, r"`sample_weight` holds 1 NaN or infinite weights"),
+        (np.zeros((5, 4)), np.zeros(5), {"sample_weight": ["a"] * 5}, DataError, r"`sample_weight` must be numbers"),
+        (np.zeros((5, 4)), np.zeros(5), {"class_weight": [1.0, 2.0]}, DataError, r"`class_weight` must be a dict from class index to weight.*received list"),
+        (np.zeros((5, 4)), np.zeros(5), {"class_weight": {"cat": 1.0}}, DataError, r"`class_weight` keys must be class indices \(ints\); received key 'cat'"),
+        (np.zeros((5, 4)), np.zeros(5), {"class_weight": {0: float("inf")}}, DataError, r"`class_weight` values must be finite numbers; received 0: inf"),
+        (np.zeros((5, 4)), np.zeros(5), {"class_weight": {0: 2.0}, "sample_weight": np.ones(5)}, ConfigError, r"pass either `class_weight` or `sample_weight`, not both"),
+        (np.zeros((5, 4)), [np.zeros(5), np.zeros(5)], {"class_weight": {0: 2.0}}, DataError, r"`class_weight` works with single-output models only"),
+        (np.zeros((5, 4)), np.zeros(5), {"weight_col": "w"}, DataError, r"`weight_col` names a DataFrame column, but `x` is numpy.*received weight_col='w'"),
         (np.zeros((5, 4)), np.zeros(5), {"steps_per_epoch": 3}, ConfigError, r"`steps_per_epoch` is not supported .*one pass over each worker's partition"),
         (np.zeros((5, 4)), np.zeros(5), {"validation_steps": 3}, ConfigError, r"`validation_steps` is not supported"),
         (np.zeros((5, 4)), np.zeros(5), {"initial_epoch": -1}, ConfigError, r"`initial_epoch` must be an int >= 0; received initial_epoch=-1"),
@@ -121,6 +129,19 @@ def test_spark_model_refuses_to_pickle(model):
 )
 def test_resolve_window(frequency, expected):
     assert resolve_window(frequency, O.Downpour()) == expected
+
+
+def test_aggregate_logs_weighs_weighted_metrics_by_their_weights():
+    # Keras' loss and plain metrics are means over samples; weighted_metrics are means over the weights
+    results = [
+        {"samples": 30, "weight_sum": 3.0, "weighted_keys": ["weighted_accuracy"],
+         "logs": {"loss": 1.0, "accuracy": 0.5, "weighted_accuracy": 0.2}},
+        {"samples": 10, "weight_sum": 9.0, "weighted_keys": ["weighted_accuracy"],
+         "logs": {"loss": 3.0, "accuracy": 1.0, "weighted_accuracy": 0.6}},
+    ]
+    logs = aggregate_logs(results)
+    assert logs == {"loss": pytest.approx(1.5), "accuracy": pytest.approx(0.625),
+                    "weighted_accuracy": pytest.approx((3 * 0.2 + 9 * 0.6) / 12)}
 
 
 def test_aggregate_logs_is_sample_weighted_and_skips_empty_partitions():
@@ -240,7 +261,6 @@ def test_validation_happens_after_the_epochs_keras_would_pick(freq, validated):
 
 
 @pytest.mark.parametrize("method, kwargs, match", [
-    ("evaluate", {"sample_weight": np.ones(5)}, r"`sample_weight` is not supported by SparkModel.evaluate"),
     ("evaluate", {"steps": 2}, r"`steps` is not supported by SparkModel.evaluate: every sample is evaluated"),
     ("evaluate", {"verbose": "loud"}, r"received verbose='loud'"),
     ("evaluate", {"callbacks": "cb"}, r"`callbacks` must be a list .*received str"),
@@ -251,6 +271,16 @@ def test_evaluate_and_predict_refuse_before_spark(model, method, kwargs, match):
     args = (np.zeros((5, 4)), np.zeros(5)) if method == "evaluate" else (np.zeros((5, 4)),)
     with pytest.raises(ConfigError, match=match):
         getattr(sm, method)(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sample_weight": np.ones(3)}, r"`sample_weight` must hold one weight per sample \(5\); received 3 weights"),
+    ({"weight_col": "w"}, r"`weight_col` names a DataFrame column; `x` is not a DataFrame \(received weight_col='w'\)"),
+])
+def test_evaluate_refuses_bad_weights_before_spark(model, kwargs, match):
+    sm = SparkModel(model, spark=_NoSpark())
+    with pytest.raises(DataError, match=match):
+        sm.evaluate(np.zeros((5, 4)), np.zeros(5), **kwargs)
 
 
 def test_callbacks_that_act_per_batch_are_warned_about(tmp_path):

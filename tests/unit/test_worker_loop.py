@@ -280,3 +280,42 @@ def test_weight_access_reads_and_writes_what_keras_would():
     access.set(new)
     for got, want in zip(model.get_weights(), new, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_weighted_pass_equals_keras_fit_with_sample_weight(linear_data):
+    """Sample weights reach Keras' train step: the same weights and logs as ``model.fit(sample_weight=)``,
+    and the partition reports its weight sum and which log keys are means over the weights."""
+    x, y = linear_data
+    w = np.random.default_rng(3).uniform(0.0, 4.0, len(x)).astype("float32")
+    model = tiny_model()
+    model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"], weighted_metrics=["mae"])
+    model_bytes = model_to_bytes(model)
+    reference = worker.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference-weighted")
+    fitted = reference.fit(x, y, sample_weight=w, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-weighted")
+    spec = dataclasses.replace(_spec(model_bytes, "run-weighted", window=None), shuffle=False)
+    (stats,) = worker.run_partition(spec, 0, 1, [(x, y, w)], RecordingClient(store))
+    for a, b in zip(worker.training_model(spec).get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for key in ("loss", "mae", "weighted_mae"):
+        assert stats["logs"][key] == pytest.approx(fitted.history[key][0], rel=1e-5), key
+    assert stats["logs"]["mae"] != pytest.approx(stats["logs"]["weighted_mae"], rel=1e-3)  # the weights mattered
+    assert stats["weight_sum"] == pytest.approx(float(w.sum()), rel=1e-6)
+    assert stats["weighted_keys"] == ["weighted_mae"]
+
+
+def test_a_shuffled_pass_keeps_each_sample_with_its_weight(linear_data):
+    # every other sample has weight 0 and a wild label: a shuffle that separated samples from their
+    # weights would give some of those labels weight 1 and throw the weights far away
+    x, y = linear_data
+    w = np.zeros(len(x), dtype="float32")
+    w[::2] = 1.0
+    y_wild = y.copy()
+    y_wild[1::2] = 1e4
+    model = tiny_model()
+    model_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-zero-weights")
+    spec = dataclasses.replace(_spec(model_bytes, "run-zero-weights", window=None), shuffle=True)
+    (stats,) = worker.run_partition(spec, 0, 1, [(x, y_wild, w)], RecordingClient(store))
+    assert max(np.abs(v).max() for v in store.center()) < 10
+    assert stats["weight_sum"] == len(x) // 2
