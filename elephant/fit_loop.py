@@ -151,15 +151,18 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     return stage.mapPartitions(task).collect()
 
 
-_CAUSE = re.compile(r"^(\w+(?:Error|Exception|Interrupt)): (.+)$", re.MULTILINE)
+_CAUSE = re.compile(r"^((?:\w+\.)*(\w+(?:Error|Exception|Interrupt))): (.+)$", re.MULTILINE)
 
 
 def spark_failure_cause(exc: BaseException) -> str:
-    """The innermost ``SomeError: message`` line of a Spark job failure (the task's own error), else its first line."""
+    """The innermost ``SomeError: message`` line of a Spark job failure (the task's own error), else its first line.
+
+    The error is named by its class alone (``elephant.errors.DataError`` -> ``DataError``).
+    """
     text = str(exc)
-    causes = [m for m in _CAUSE.finditer(text) if not m.group(1).startswith(("Py4J", "Spark", "Task"))]
+    causes = [m for m in _CAUSE.finditer(text) if not m.group(2).startswith(("Py4J", "Spark", "Task", "Python"))]
     if causes:
-        return f"{causes[-1].group(1)}: {causes[-1].group(2).strip()[:500]}"
+        return f"{causes[-1].group(2)}: {causes[-1].group(3).strip()[:500]}"
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return f"{type(exc).__name__}: {first[:500]}"
 

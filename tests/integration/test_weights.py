@@ -112,3 +112,18 @@ def test_validation_split_keeps_the_sample_weights_of_its_samples(spark, digits)
     assert history.history["val_loss"][0] == pytest.approx(want["loss"], rel=1e-4)
     unweighted = sm.model.evaluate(x_train[cut:], y_train[cut:], verbose=0, return_dict=True)
     assert unweighted["loss"] != pytest.approx(want["loss"], rel=1e-3)
+
+
+def test_bad_weights_in_an_rdd_are_refused_on_the_driver_by_name(spark, digits):
+    from elephant.errors import DataError
+
+    x_train, _, y_train, _ = digits
+    sc = spark.sparkContext
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    mixed = sc.parallelize([(x_train[0], 1, 0.5), (x_train[1], 2)] * 4, 2)
+    with pytest.raises(DataError, match=r"mixes \(features, label\) and \(features, label, weight\) records"):
+        sm.fit(mixed, epochs=1, verbose=0)
+    weighted = sc.parallelize([(x_train[i], int(y_train[i]), 1.0) for i in range(8)], 2)
+    with pytest.raises(DataError, match="carries sample weights and `class_weight` was given"):
+        sm.fit(weighted, class_weight={0: 2.0}, epochs=1, verbose=0)
+    assert sm.last_metrics is None or sm.last_metrics.get("commits_applied", 0) == 0
