@@ -24,7 +24,7 @@ def _shifted(y, fraction=0.6, seed=0):
     return np.where(wrong, (y + 1) % 10, y), (~wrong).astype("float32")
 
 
-@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous", "hogwild"])
 def test_numpy_sample_weights_decide_what_is_learned(spark, digits, mode):
     x_train, x_test, y_train, y_test = digits
     y_noisy, w = _shifted(y_train)
