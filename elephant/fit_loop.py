@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -167,14 +168,58 @@ def spark_failure_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:500]}"
 
 
-def epoch_failure(exc: BaseException, epoch: int, epochs: int) -> FitError:
-    """One clear error for a failed epoch job: which epoch, the task's error, what ``sm.model`` holds."""
-    held = f"the weights after epoch {epoch}" if epoch else "the weights it had before the fit"
-    return FitError(
-        f"epoch {epoch + 1} of {epochs} failed in Spark: {spark_failure_cause(exc)}. The fit stopped and sm.model "
-        f"holds {held} (the failed epoch's partial progress is discarded); fit again to go on "
-        f"(initial_epoch={epoch} keeps Keras' epoch numbers)"
-    )
+def epoch_failure(exc: BaseException, epoch: int, epochs: int, tries: int = 1, undone: int | None = None,
+                  kept: bool = False) -> FitError:
+    """One clear error for a failed epoch job: which epoch, the task's error, the tries, what ``sm.model`` holds."""
+    after = f" {tries} times" if tries > 1 else ""
+    if kept:
+        state = ("on_failure='keep': sm.model holds the center with the failed epoch's partial progress; "
+                 f"fit again to go on (initial_epoch={epoch + 1} counts the failed epoch as done)")
+    else:
+        held = f"the weights after epoch {epoch}" if epoch else "the weights it had before the fit"
+        rolled = (f"the epoch was rolled back ({undone} commits undone; the center and the rule's state are as at "
+                  "its start) and " if undone is not None else "")
+        state = (f"The fit stopped: {rolled}sm.model holds {held}; fit again to go on "
+                 f"(initial_epoch={epoch} keeps Keras' epoch numbers)")
+    return FitError(f"epoch {epoch + 1} of {epochs} failed in Spark{after}: {spark_failure_cause(exc)}. {state}")
+
+
+#: Task errors that training the epoch again cannot fix.
+_NOT_RETRIED = ("DataError", "ConfigError", "FitError", "ProtocolError")
+
+
+def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
+    """One epoch's Spark job as a transaction; returns the partitions' stats.
+
+    If the job fails, the store returns to the epoch's start (center, rule
+    state, bookkeeping) under a new run id that fences out the failed try's
+    tasks, and a synchronous (barrier) epoch is trained again, up to
+    ``sm.epoch_retries`` times: Spark retries failed tasks of an ordinary
+    stage itself, but never a barrier stage. With ``sm.on_failure == "keep"``
+    nothing is rolled back or retried: ``sm.model`` takes the partial center.
+
+    Raises:
+        FitError: the epoch failed for good (the last Spark error is its cause).
+    """
+    snapshot = store.snapshot()
+    tries = 0
+    while True:
+        try:
+            return _epoch_job(rdd, spec, barrier)
+        except ElephantError:
+            raise
+        except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
+            tries += 1
+            if sm.on_failure == "keep":
+                sm.model.set_weights(store.center())
+                raise epoch_failure(exc, spec.epoch, epochs, tries, kept=True) from exc
+            cause = spark_failure_cause(exc)
+            undone = store.rollback(snapshot, f"{spec.run}.e{spec.epoch}t{tries}")
+            if not barrier or tries > sm.epoch_retries or cause.split(":", 1)[0] in _NOT_RETRIED:
+                raise epoch_failure(exc, spec.epoch, epochs, tries, undone) from exc
+            log.warning("epoch %d: the synchronous job failed (%s); %d commits rolled back, training the epoch "
+                        "again (retry %d of %d)", spec.epoch + 1, cause, undone, tries, sm.epoch_retries)
+            spec = dataclasses.replace(spec, ps_run=store.run)
 
 
 def _callback_list(sm, callbacks, epochs):
@@ -341,14 +386,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                     ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
                     custom_objects=sm.custom_objects or None, shuffle=shuffle,
                     fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
-                    learning_rate=rate,
+                    learning_rate=rate, ps_run=store.run,
                 )
-                try:
-                    results = _epoch_job(rdd, spec, barrier)
-                except ElephantError:
-                    raise
-                except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
-                    raise epoch_failure(exc, epoch, epochs) from exc
+                results = run_epoch(sm, store, rdd, spec, barrier, epochs)
                 logs = aggregate_logs(results)
                 sm.model.set_weights(store.center())
                 if val is not None and validates_after(epoch, validation_freq):

@@ -172,6 +172,17 @@ class SparkModel:
             hides the round trip of short windows (in synchronous mode, the wait
             for the round to close as well); each delta is then one flight
             staler (docs/architecture.md).
+        epoch_retries: how many times an epoch whose synchronous (barrier)
+            Spark job failed is trained again from its start (default 2).
+            Spark does not retry a barrier stage, so a lost executor or task
+            would otherwise end the fit; asynchronous epochs are not retried
+            here, since Spark already retried their tasks.
+        on_failure: what a failed epoch leaves in the center: ``"rollback"``
+            (default) returns the center and the rule's server state to the
+            epoch's start, and ``sm.model`` keeps the last completed epoch's
+            weights; ``"keep"`` keeps the failed epoch's partial progress in
+            ``sm.model`` (and does not retry). Either way ``fit`` then raises
+            :class:`elephant.FitError`, and the SparkModel can fit again.
     """
 
     def __init__(
@@ -188,6 +199,8 @@ class SparkModel:
         seed: int | None = 0,
         batch_split: bool | None = None,
         overlap: bool = False,
+        epoch_retries: int = 2,
+        on_failure: str = "rollback",
     ):
         _check_model(model)
         self.model = model
@@ -214,6 +227,12 @@ class SparkModel:
             raise ConfigError(f"`batch_split` must be True, False or None; received batch_split={batch_split!r}")
         self.batch_split = batch_split
         self.overlap = check_overlap(overlap, self.optimizer, self.mode)
+        if isinstance(epoch_retries, bool) or not isinstance(epoch_retries, (int, np.integer)) or epoch_retries < 0:
+            raise ConfigError(f"`epoch_retries` must be an int >= 0; received epoch_retries={epoch_retries!r}")
+        self.epoch_retries = int(epoch_retries)
+        if on_failure not in ("rollback", "keep"):
+            raise ConfigError(f"`on_failure` must be 'rollback' or 'keep'; received on_failure={on_failure!r}")
+        self.on_failure = on_failure
         self._spark = spark
         self.job_group: str | None = None
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
@@ -254,6 +273,8 @@ class SparkModel:
             "seed": self.seed,
             "batch_split": self.batch_split,
             "overlap": self.overlap,
+            "epoch_retries": self.epoch_retries,
+            "on_failure": self.on_failure,
         }
 
     def __reduce__(self):
@@ -430,6 +451,7 @@ class SparkModel:
 def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = None) -> SparkModel:
     """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
     model, settings = load_with_settings(filepath, custom_objects)
-    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split", "overlap"}
+    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split", "overlap",
+             "epoch_retries", "on_failure"}
     kwargs = {k: v for k, v in settings.items() if k in known}
     return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)

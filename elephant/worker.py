@@ -31,6 +31,7 @@ import math
 import os
 import time
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -73,6 +74,12 @@ class TaskSpec:
     structure: str = ""  # fit_loop.replica_structure; "" = a replica of this fit's own
     overlap: bool = False  # keep training while a commit is in flight
     learning_rate: float | None = None  # the driver's compiled rate this epoch (None: a schedule, left alone)
+    ps_run: str = ""  # the run id the PS accepts for this epoch's try ("": ``run``); new after a rollback
+
+    @property
+    def commit_run(self) -> str:
+        """The run id of this task's commit keys and finish."""
+        return self.ps_run or self.run
 
 
 def _value(maybe_broadcast: Any) -> bytes:
@@ -312,7 +319,7 @@ class _Window:
             return
         tensors, self.state = opt.make_commit(self.state, weights, self.pulled, self.steps_in_window)
         commit = Commit(tensors, self.steps_in_window, self.samples_in_window, self.base_clock)
-        key = CommitKey(self.spec.run, self.spec.epoch, self.partition, self.commits)
+        key = CommitKey(self.spec.commit_run, self.spec.epoch, self.partition, self.commits)
         self.commits += 1
         self.steps_in_window = self.samples_in_window = 0
         if self.spec.overlap:
@@ -374,6 +381,11 @@ def inject_fault(fault: str, partition: int, step: int) -> None:
     raise RuntimeError(f"injected fault in partition {partition} at step {step}")
 
 
+def shuffle_seed(run: str, epoch: int, partition: int) -> int:
+    """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``)."""
+    return zlib.crc32(f"{run}/{epoch}/{partition}".encode())
+
+
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
     """One pass over the block with Keras' compiled train step; commits via ``window``.
 
@@ -382,8 +394,8 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) 
     one step per batch, metrics accumulated as in ``fit`` (reset once per pass).
     """
     n = D.num_samples(x)
-    if spec.shuffle:
-        order = np.random.default_rng().permutation(n)
+    if spec.shuffle:  # seeded: a retried task replays the samples of the attempt it replaces, in order
+        order = np.random.default_rng(shuffle_seed(spec.run, spec.epoch, window.partition)).permutation(n)
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     model.make_train_function()
     model.reset_metrics()
@@ -419,7 +431,7 @@ def run_partition(
     n = 0 if block is None else D.num_samples(block[0])
     base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0}
     if n == 0:
-        client.finish(spec.run, spec.epoch, partition, attempt)
+        client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
     x, y, w = D.unpack(block)
     model = training_model(spec)
@@ -433,7 +445,7 @@ def run_partition(
         window.settle()
     finally:
         window.close()
-    client.finish(spec.run, spec.epoch, partition, attempt)
+    client.finish(spec.commit_run, spec.epoch, partition, attempt)
     return [
         dict(
             base,

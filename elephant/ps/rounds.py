@@ -75,7 +75,7 @@ class RoundsMixin:
     ``_mode``, ``_num_workers``, ``_round_timeout``, ``_state``, ``_center``,
     ``_clock``, ``_counts``) and the helpers ``_fence``, ``_replay``,
     ``_check_base_clock``, ``_checked``, ``_record``, ``_superseded`` (the
-    store's ``StaleAttemptError``) and ``_wait`` (which raises its
+    store's ``StaleAttemptError``), ``_check_current`` (its ``RolledBackError``) and ``_wait`` (which raises its
     ``RoundTimeoutError`` and ``StoreClosedError``).
     """
 
@@ -126,6 +126,7 @@ class RoundsMixin:
                         f"committed: {sorted(rnd.pending)}, missing: {sorted(missing)}")
 
             self._wait(lambda: rnd.done, withdraw)
+            self._check_current(key.run, what)
             if rnd.error is not None:
                 raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
             if rnd.attempts[p] > attempt:

@@ -27,6 +27,8 @@ mutate, so replies hand them out without copying.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import math
 import threading
@@ -44,11 +46,12 @@ from elephant.ps.wire import CommitKey, all_finite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommitKey", "Store", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError", "ssp_admitted"]
+__all__ = ["CommitKey", "Store", "Snapshot", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
+           "RolledBackError", "ssp_admitted"]
 
 _COUNTERS = (
     "commits_applied", "rounds_applied", "replays_dropped", "stale_attempts_fenced",
-    "commits_rejected", "pulls", "bytes_in", "bytes_out",
+    "commits_rejected", "pulls", "bytes_in", "bytes_out", "epochs_rolled_back", "commits_rolled_back",
 )
 
 
@@ -62,6 +65,22 @@ class RoundTimeoutError(PSError):
 
 class StoreClosedError(PSError):
     """The store was closed: the parameter server is stopping."""
+
+
+class RolledBackError(StaleAttemptError):
+    """The request belongs to an epoch try that the driver rolled back (HTTP 409, as a superseded attempt)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What :meth:`Store.rollback` returns to: the store between two epochs."""
+
+    center: list
+    state: Any
+    clock: int
+    ledger_size: int
+    epochs: frozenset
+    latest_epoch: int | None
 
 
 def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -119,6 +138,7 @@ class Store(RoundsMixin):
         self._epochs: dict[int, _Epoch] = {}
         self._latest_epoch: int | None = None
         self._ledger: list[tuple[CommitKey, int]] = []
+        self._retired: set[str] = set()  # run ids of rolled-back epoch tries
         self._closed = False
         self._waiting = 0  # requests blocked in a round or an SSP admission
         self._counts: Counter[str] = Counter()
@@ -175,6 +195,49 @@ class Store(RoundsMixin):
             except Exception as exc:
                 raise PSError(f"{type(self._optimizer).__name__}.on_learning_rate_change failed: {exc!r}") from exc
 
+    def snapshot(self) -> Snapshot:
+        """The store as it is now, for :meth:`rollback` (taken between epochs).
+
+        The center arrays are immutable and shared; the rule's state is deep-copied,
+        since a rule may update its arrays in place.
+        """
+        with self._cond:
+            return Snapshot(center=list(self._center), state=copy.deepcopy(self._state), clock=self._clock,
+                            ledger_size=len(self._ledger), epochs=frozenset(self._epochs),
+                            latest_epoch=self._latest_epoch)
+
+    def rollback(self, snapshot: Snapshot, run: str) -> int:
+        """Undo everything applied since ``snapshot`` and serve the new run id ``run`` from now on.
+
+        The center, the rule's state, the clock and the ledger return to the
+        snapshot; the bookkeeping of the epochs begun since (applied keys,
+        attempts, rounds) is dropped, so the epoch can be trained again. The
+        old run id is refused from now on: a task of the rolled-back try that
+        is still running can neither commit nor finish, and one waiting in a
+        round or an SSP admission is woken with :class:`RolledBackError`.
+
+        Returns:
+            The number of commits undone.
+        """
+        if not isinstance(run, str) or not run or run == self._run:
+            raise ConfigError(f"a rollback needs a new run id; received run={run!r} (current {self._run!r})")
+        with self._cond:
+            undone = len(self._ledger) - snapshot.ledger_size
+            for epoch in set(self._epochs) - snapshot.epochs:
+                for rnd in self._epochs.pop(epoch).rounds.values():
+                    rnd.done, rnd.error = True, "the epoch was rolled back"
+            del self._ledger[snapshot.ledger_size:]
+            self._center, self._clock = list(snapshot.center), snapshot.clock
+            self._state = copy.deepcopy(snapshot.state)  # the snapshot stays valid for another rollback
+            self._latest_epoch = snapshot.latest_epoch
+            self._retired.add(self._run)
+            self._run = run
+            self._counts["epochs_rolled_back"] += 1
+            self._counts["commits_rolled_back"] += undone
+            self._cond.notify_all()
+        logger.warning("rolled back %d commits; serving run %s", undone, run)
+        return undone
+
     def close(self) -> None:
         """Refuse further requests; wake every waiting one with :class:`StoreClosedError`."""
         with self._cond:
@@ -196,6 +259,7 @@ class Store(RoundsMixin):
         """Closed check, run check and attempt fencing; the caller holds the lock."""
         if self._closed:
             raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
+        self._check_current(run, what)
         if run != self._run:
             self._counts["commits_rejected"] += 1
             raise ProtocolError(f"{what} names run {run!r} but this parameter server serves run {self._run!r}")
@@ -208,10 +272,16 @@ class Store(RoundsMixin):
         ep.attempts[partition] = attempt
         return ep
 
-    def _superseded(self, message: str) -> StaleAttemptError:
+    def _check_current(self, run: str, what: str) -> None:
+        """Raise :class:`RolledBackError` if ``run`` was rolled back (lock held)."""
+        if run in self._retired:
+            raise self._superseded(f"{what}: its epoch try was rolled back; run {self._run} replaces {run}",
+                                   RolledBackError)
+
+    def _superseded(self, message: str, kind: type[StaleAttemptError] = StaleAttemptError) -> StaleAttemptError:
         """Count a fenced request and return its error (lock held)."""
         self._counts["stale_attempts_fenced"] += 1
-        return StaleAttemptError(message)
+        return kind(message)
 
     def _validate(self, key: CommitKey, attempt: int, commit: Commit, check_finite: bool) -> str:
         """Lock-free structural checks (the center's structure never changes)."""
@@ -266,11 +336,14 @@ class Store(RoundsMixin):
     def _wait(self, ready: Callable[[], bool], on_timeout: Callable[[], str]) -> None:
         """Wait (lock held) until ``ready()``; after ``round_timeout`` raise with ``on_timeout()``'s message."""
         deadline = time.monotonic() + self._round_timeout
+        run = self._run
         self._waiting += 1
         try:
             while not ready():
                 if self._closed:
                     raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
+                if self._run != run:
+                    raise RolledBackError(f"run {run} was rolled back while this request waited")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     message = on_timeout()

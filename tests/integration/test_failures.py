@@ -10,7 +10,7 @@ import pytest
 from elephant import SparkModel
 from elephant.errors import ConfigError, FitError
 
-from .conftest import digits_model
+from .conftest import accuracy, digits_model
 
 
 def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):
@@ -54,8 +54,10 @@ def test_failed_fit_stops_the_server_and_frees_the_port(spark, digits, monkeypat
     sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
     before = sm.model.get_weights()
     with pytest.raises(FitError, match=r"epoch 1 of 2 failed in Spark: RuntimeError: injected fault in partition 0 "
-                                       r"at step 1.*sm.model holds the weights it had before the fit"):
+                                       r"at step 1.*the epoch was rolled back \(\d+ commits undone.*"
+                                       r"sm.model holds the weights it had before the fit"):
         sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
+    assert sm.last_metrics["epochs_rolled_back"] == 1 and sm.last_ledger == []  # asynchronous: not retried
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     port = int(sm.ps_url.rsplit(":", 1)[1].split("/")[0])
     assert _port_is_free(port)
@@ -101,11 +103,53 @@ def test_a_staleness_bound_refuses_more_workers_than_slots(spark, digits):
 def test_a_failed_synchronous_fit_frees_its_port_too(spark, digits, monkeypatch):
     x_train, _, y_train, _ = digits
     monkeypatch.setenv("ELEPHANT_FAULT", "partition=1,step=2,kind=raise")  # fires on every attempt
-    sm = SparkModel(digits_model(), mode="synchronous", frequency="batch", num_workers=2, spark=spark)
-    with pytest.raises(FitError, match=r"epoch 1 of 1 failed in Spark: RuntimeError: injected fault in partition 1"):
+    sm = SparkModel(digits_model(), mode="synchronous", frequency="batch", num_workers=2, epoch_retries=1,
+                    spark=spark)
+    before = sm.model.get_weights()
+    with pytest.raises(FitError, match=r"epoch 1 of 1 failed in Spark 2 times: RuntimeError: injected fault in "
+                                       r"partition 1.*rolled back"):
         sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
+    assert sm.last_metrics["epochs_rolled_back"] == 2 and sm.last_ledger == []
+    assert all((a == b).all() for a, b in zip(before, sm.model.get_weights()))
+
+
+def test_a_failed_synchronous_epoch_is_rolled_back_and_trained_again(spark, digits, tmp_path, monkeypatch):
+    """T10a/T11: Spark never retries a barrier stage; elephant rolls the epoch back and runs it again."""
+    x_train, x_test, y_train, y_test = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=4,kind=raise,marker={marker}")  # once, in epoch 1
+    sm = SparkModel(digits_model(), mode="synchronous", frequency=2, num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
+    assert marker.exists(), "the fault never fired"
+    metrics = sm.last_metrics
+    assert metrics["epochs_rolled_back"] == 1 and metrics["commits_rolled_back"] >= 2  # rounds 0-1 of 2 workers
+    # every (epoch, partition, step) is in the center exactly once, each epoch in full
+    keys = [(k[1], k[2], k[3]) for k, _ in sm.last_ledger]
+    assert len(keys) == len(set(keys))
+    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
+    assert len(keys) == 2 * 2 * -(-steps // 2)
+    assert {k[0] for k, _ in sm.last_ledger if k[1] == 0} == {history_run(sm) + ".e0t1"}
+    assert len(history.history["loss"]) == 2
+    assert accuracy(sm.model, x_test, y_test) > 0.8
+
+
+def history_run(sm):
+    return sm.job_group.removeprefix("elephant-")
+
+
+def test_on_failure_keep_keeps_the_partial_progress(spark, digits, monkeypatch):
+    x_train, _, y_train, _ = digits
+    monkeypatch.setenv("ELEPHANT_FAULT", "partition=0,step=5,kind=raise")  # fires on every attempt
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, on_failure="keep",
+                    spark=spark)
+    before = sm.model.get_weights()
+    with pytest.raises(FitError, match=r"epoch 1 of 1 failed in Spark: RuntimeError.*on_failure='keep': sm.model "
+                                       r"holds the center with the failed epoch's partial progress"):
+        sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    assert sm.last_metrics["epochs_rolled_back"] == 0 and sm.last_metrics["commits_applied"] >= 5
+    assert any((a != b).any() for a, b in zip(before, sm.model.get_weights()))
 
 
 def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):

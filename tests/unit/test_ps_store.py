@@ -436,3 +436,72 @@ def test_a_reply_refreshed_by_ssp_or_a_replay_counts_as_a_pull_for_the_rule():
     assert opt.log == [(0, 2, 11.0)]  # worker 0 was handed the center after both commits
     store.commit(key(1, 0), 1, delta(10.0))  # a replay answers with the current center
     assert opt.log[-1] == (1, 2, 11.0)
+
+
+# ----------------------------------------------------------------- rollback
+class _InPlaceCounter(Downpour):
+    """A rule that updates its state in place, as a careless custom rule might."""
+
+    def server_init(self, center, num_workers):
+        return {"applied": np.zeros(1)}
+
+    def apply(self, state, center, clock, worker, commit):
+        new_center, tensors, _ = super().apply(None, center, clock, worker, commit)
+        state["applied"] += 1
+        return new_center, tensors, state
+
+
+def test_rollback_returns_center_state_clock_and_ledger_to_the_snapshot():
+    from elephant.ps.store import RolledBackError
+
+    store = async_store(optimizer=_InPlaceCounter())
+    store.commit(key(0, 0), 1, delta(1.0))
+    store.finish(RUN, 0, 0, 1)
+    snap = store.snapshot()
+    store.commit(key(0, 0, epoch=1), 7, delta(10.0, base_clock=1))
+    store.commit(key(1, 0, epoch=1), 8, delta(100.0, base_clock=2))
+    assert store._state["applied"][0] == 3 and snap.state["applied"][0] == 1  # the snapshot was copied
+    assert store.rollback(snap, "run-a.e1t1") == 2
+    np.testing.assert_array_equal(store.center()[0], np.full(3, 1.0))
+    assert store.clock == 1 and store._state["applied"][0] == 1 and store.run == "run-a.e1t1"
+    assert [tuple(k) for k, _ in store.ledger()] == [(RUN, 0, 0, 0)]
+    metrics = store.metrics()
+    assert (metrics["epochs_rolled_back"], metrics["commits_rolled_back"], metrics["commits_applied"]) == (1, 2, 3)
+    # the failed try's tasks are fenced out, by commit and by finish, as superseded attempts (HTTP 409)
+    with pytest.raises(RolledBackError, match="its epoch try was rolled back; run run-a.e1t1 replaces run-a"):
+        store.commit(key(1, 1, epoch=1), 8, delta(5.0, base_clock=1))
+    with pytest.raises(StaleAttemptError):
+        store.finish(RUN, 1, 1, 8)
+    # the epoch trains again under the new id: the same keys apply once more, whatever their attempt ids
+    store.commit(key(0, 0, epoch=1, run="run-a.e1t1"), 2, delta(3.0, base_clock=1))
+    np.testing.assert_array_equal(store.center()[0], np.full(3, 4.0))
+    assert store._state["applied"][0] == 2
+    # the snapshot stays valid for a second rollback
+    store.rollback(snap, "run-a.e1t2")
+    np.testing.assert_array_equal(store.center()[0], np.full(3, 1.0))
+    assert store._state["applied"][0] == 1
+    with pytest.raises(ConfigError, match="a rollback needs a new run id"):
+        store.rollback(snap, "run-a.e1t2")
+
+
+def test_rollback_wakes_a_waiting_round_and_an_ssp_admission():
+    from elephant.ps.store import RolledBackError
+
+    store = sync_store(num_workers=2)
+    snap = store.snapshot()
+    ssp = async_store(optimizer=Downpour(staleness_bound=1))
+    ssp_snap = ssp.snapshot()
+    ssp.commit(key(0, 0), 1, delta(1.0))
+    with ThreadPoolExecutor(2) as pool:
+        in_round = pool.submit(store.commit, key(0, 0), 1, delta(1.0, n=2))
+        admitting = pool.submit(ssp.commit, key(0, 1), 1, delta(1.0, base_clock=1))  # two ahead of a bound of 1
+        wait_until(lambda: store.metrics()["waiting"] == 1 and ssp.metrics()["waiting"] == 1)
+        store.rollback(snap, "run-a.t1")
+        ssp.rollback(ssp_snap, "run-a.t1")
+        with pytest.raises(RolledBackError):
+            in_round.result(timeout=5)
+        with pytest.raises(RolledBackError):
+            admitting.result(timeout=5)
+    np.testing.assert_array_equal(store.center()[0], [0.0, 0.0])
+    np.testing.assert_array_equal(ssp.center()[0], np.zeros(3))
+    assert store.metrics()["waiting"] == ssp.metrics()["waiting"] == 0

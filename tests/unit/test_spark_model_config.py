@@ -117,6 +117,16 @@ def test_fit_errors_before_spark(model, x, y, kwargs, error, match):
         sm.fit(x, y, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"epoch_retries": -1}, r"`epoch_retries` must be an int >= 0; received epoch_retries=-1"),
+    ({"epoch_retries": True}, r"received epoch_retries=True"),
+    ({"on_failure": "retry"}, r"`on_failure` must be 'rollback' or 'keep'; received on_failure='retry'"),
+])
+def test_failure_settings_are_checked(model, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        SparkModel(model, spark=_NoSpark(), **kwargs)
+
+
 def test_spark_model_refuses_to_pickle(model):
     import pickle
 

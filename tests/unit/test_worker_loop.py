@@ -319,3 +319,21 @@ def test_a_shuffled_pass_keeps_each_sample_with_its_weight(linear_data):
     (stats,) = worker.run_partition(spec, 0, 1, [(x, y_wild, w)], RecordingClient(store))
     assert max(np.abs(v).max() for v in store.center()) < 10
     assert stats["weight_sum"] == len(x) // 2
+
+
+def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
+    """A retry's acknowledged replays must stand for the samples the first attempt trained on."""
+    model = tiny_model()
+    model_bytes = model_to_bytes(model)
+
+    def centers(epoch, attempt):
+        store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-seeded")
+        spec = dataclasses.replace(_spec(model_bytes, "run-seeded", window=1, epoch=epoch), shuffle=True)
+        worker.run_partition(spec, 0, attempt, [linear_data], RecordingClient(store))
+        return store.center()
+
+    first, retry, next_epoch = centers(0, 1), centers(0, 2), centers(1, 3)
+    for a, b in zip(first, retry):
+        np.testing.assert_array_equal(a, b)
+    assert any((a != b).any() for a, b in zip(first, next_epoch))  # another epoch, another order
+    assert worker.shuffle_seed("r", 0, 1) != worker.shuffle_seed("r", 0, 0) != worker.shuffle_seed("r", 1, 0)
