@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from elephant import checkpoint
 from elephant import data as D
 from elephant import session
 from elephant import weights as W
@@ -222,6 +223,63 @@ def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> lis
             spec = dataclasses.replace(spec, ps_run=store.run)
 
 
+def _rule_identity(sm, rule, num_workers) -> dict[str, Any]:
+    return {"name": rule.name, "config": rule.get_config(), "mode": sm.mode, "num_workers": num_workers}
+
+
+def resume_from_backup(sm, backup, rule, num_workers: int, initial_epoch: int):
+    """Start from ``backup``'s checkpoint, if it holds one: ``(initial_epoch, rule_state, history)``.
+
+    ``sm.model`` takes the checkpoint's center and optimizer variables; the
+    fit starts after the last saved epoch (as Keras' own ``BackupAndRestore``
+    sets it), and the rule's server state is restored when the rule, mode and
+    number of workers are those it was saved with.
+
+    Raises:
+        ConfigError: the checkpoint's weights do not fit the model.
+    """
+    if backup is None:
+        return initial_epoch, None, {}
+    saved = checkpoint.load(backup.backup_dir, type(rule).__module__)
+    if saved is None:
+        return initial_epoch, None, {}
+    model = sm.model
+    weights = model.get_weights()
+    if [w.shape for w in weights] != [c.shape for c in saved.center]:
+        raise ConfigError(f"the backup in {backup.backup_dir!r} holds weights of another model (shapes "
+                          f"{[c.shape for c in saved.center][:4]}..., the model's {[w.shape for w in weights][:4]}...); "
+                          "remove it or pass another backup_dir")
+    model.set_weights(saved.center)
+    optimizer = _built_optimizer(model)
+    variables = optimizer.variables
+    if [tuple(v.shape) for v in variables] == [a.shape for a in saved.optimizer_variables]:
+        for v, a in zip(variables, saved.optimizer_variables):
+            v.assign(a)
+    else:
+        log.warning("the backup's optimizer variables do not fit %s; it keeps its own", type(optimizer).__name__)
+    state = saved.rule_state if saved.state_saved and saved.rule == _rule_identity(sm, rule, num_workers) else None
+    if state is None:
+        log.warning("resuming without the rule's saved server state (saved for %s); the rule starts afresh",
+                    saved.rule)
+    log.info("resuming from the backup in %s after epoch %d", backup.backup_dir, saved.epochs_done)
+    return saved.epochs_done or initial_epoch, state, saved.history
+
+
+def _built_optimizer(model):
+    """The model's optimizer with its variables made (as Keras' own BackupAndRestore builds it to load them)."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    return model.optimizer
+
+
+def _save_backup(sm, backup, store, rule, num_workers, epochs_done, history) -> None:
+    checkpoint.save(backup.backup_dir, checkpoint.Checkpoint(
+        epochs_done=epochs_done, center=store.center(),
+        optimizer_variables=[np.asarray(v) for v in _built_optimizer(sm.model).variables],
+        rule_state=store.snapshot().state, rule=_rule_identity(sm, rule, num_workers), history=history,
+    ))
+
+
 def _callback_list(sm, callbacks, epochs):
     import keras
 
@@ -354,8 +412,14 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
 
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
+    backup, callbacks = checkpoint.find_backup(callbacks)
+    try:
+        initial_epoch, rule_state, past = resume_from_backup(sm, backup, rule, num_workers, initial_epoch)
+    except BaseException:
+        rdd.unpersist()
+        raise
     center = sm.model.get_weights()
-    store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout)
+    store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout, state=rule_state)
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)
@@ -408,6 +472,10 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 bar.update(1)
                 diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
                 cbks.on_epoch_end(epoch, logs)
+                if backup is not None:  # after the callbacks: a rate they set is saved with the epoch
+                    for key, value in logs.items():
+                        past.setdefault(key, []).append(float(value))
+                    _save_backup(sm, backup, store, rule, num_workers, epoch + 1, past)
                 if diverged:
                     # The server refuses non-finite updates, so the center stays finite; going on
                     # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.
@@ -420,6 +488,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 if sm.model.stop_training:
                     break
         cbks.on_train_end()
+        if backup is not None and backup.delete_checkpoint:
+            checkpoint.remove(backup.backup_dir)
     except BaseException:
         # An interrupted or failed fit must not leave tasks training against a dead server.
         sc.cancelJobGroup(sm.job_group)

@@ -110,13 +110,15 @@ class Store(RoundsMixin):
         run: the fit's run id; requests naming another run are rejected.
         round_timeout: seconds a synchronous round or an SSP admission may
             wait before :class:`RoundTimeoutError`. Default 600.
+        state: the rule's server state to start from (a resumed fit);
+            default ``optimizer.server_init(center, num_workers)``.
 
     Raises:
         ConfigError: an invalid argument, or ``mode`` not in ``optimizer.modes``.
     """
 
     def __init__(self, center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mode: str,
-                 num_workers: int, run: str, round_timeout: float = 600.0):
+                 num_workers: int, run: str, round_timeout: float = 600.0, state: Any = None):
         if mode not in MODES:
             raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
         if mode not in optimizer.modes:
@@ -130,7 +132,7 @@ class Store(RoundsMixin):
         self._center = _freeze([np.array(a, copy=True) for a in center])
         self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
         self._round_timeout = float(round_timeout)
-        self._state = optimizer.server_init(self.center(), num_workers)
+        self._state = optimizer.server_init(self.center(), num_workers) if state is None else state
         self._clock = 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)

@@ -1,0 +1,157 @@
+"""Resuming a fit the Keras way: BackupAndRestore and initial_epoch (T03, T15)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from elephant import SparkModel, checkpoint
+
+from .conftest import accuracy, digits_model
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_fit_resumes_after_the_last_saved_epoch(spark, digits, tmp_path):
+    import keras
+
+    x_train, x_test, y_train, y_test = digits
+    backup_dir = str(tmp_path / "backup")
+
+    def crash_after_second_epoch(epoch, logs):
+        if epoch == 1:
+            raise _Crash()  # in epoch 2's on_epoch_end, before its checkpoint is written
+
+    sm = SparkModel(digits_model(), mode="synchronous", num_workers=2, spark=spark)
+    with pytest.raises(_Crash):
+        sm.fit(x_train, y_train, epochs=4, batch_size=32, verbose=0,
+               callbacks=[keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.5e-3),
+                          keras.callbacks.BackupAndRestore(backup_dir),
+                          keras.callbacks.LambdaCallback(on_epoch_end=crash_after_second_epoch)])
+    saved = checkpoint.load(backup_dir)
+    assert saved.epochs_done == 1 and len(saved.history["loss"]) == 1
+    assert saved.rule["name"] == "modelaveraging" and saved.rule_state["buffer"]  # the outer momentum buffer
+
+    seen = {}
+    resumed = SparkModel(digits_model(seed=5), mode="synchronous", num_workers=2, spark=spark)  # a fresh process would
+    probe = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: seen.update(weights=resumed.model.get_weights(),
+                                                lr=float(resumed.model.optimizer.learning_rate.numpy())))
+    history = resumed.fit(x_train, y_train, epochs=4, batch_size=32, verbose=0,
+                          callbacks=[keras.callbacks.BackupAndRestore(backup_dir), probe])
+    assert history.epoch == [1, 2, 3]  # epoch 0 is not trained again, as in Keras
+    for a, b in zip(seen["weights"], saved.center):
+        np.testing.assert_array_equal(a, b)
+    assert seen["lr"] == pytest.approx(0.5e-3)  # the rate the scheduler set before the crash
+    assert not os.path.exists(backup_dir)  # removed at the end, as Keras' delete_checkpoint=True does
+    assert accuracy(resumed.model, x_test, y_test) > 0.75  # 0.84 measured (4 epochs, the rate halved)
+
+
+def test_a_backup_of_another_model_is_refused_by_name(spark, digits, tmp_path):
+    import keras
+
+    x_train, _, y_train, _ = digits
+    checkpoint.save(str(tmp_path), checkpoint.Checkpoint(
+        epochs_done=1, center=[np.zeros((3, 3), np.float32)], optimizer_variables=[], rule_state=None,
+        rule={}, history={}))
+    sm = SparkModel(digits_model(), num_workers=2, spark=spark)
+    with pytest.raises(Exception, match="holds weights of another model"):
+        sm.fit(x_train, y_train, epochs=1, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
+
+
+_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    import keras, numpy as np
+    from pyspark.sql import SparkSession
+    from sklearn.datasets import load_digits
+    from elephant import SparkModel
+
+    backup_dir, kill_after = sys.argv[1], int(sys.argv[2])
+    spark = (SparkSession.builder.master("local[2]").appName("elephant-resume-test")
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    sm = SparkModel(model, mode="synchronous", num_workers=2, spark=spark)
+
+    def on_epoch_end(epoch, logs):
+        print(f"epoch {epoch} port {sm.ps_url.rsplit(':', 1)[1]}", flush=True)
+        if epoch + 1 == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)  # the driver dies after the callbacks, before the checkpoint
+
+    sm.fit(x, y, epochs=4, batch_size=32, verbose=0,
+           callbacks=[keras.callbacks.BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)])
+    print("accuracy", float(np.mean(np.argmax(sm.model.predict(x, verbose=0), axis=1) == y)), flush=True)
+""")
+
+
+def _port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_killed_driver_resumes_where_it_died(tmp_path):
+    """T03/T15: SIGKILL of the driver in epoch 3 of 4; the same script run again trains epochs 2-3 only."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    backup_dir = str(tmp_path / "backup")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.run([sys.executable, str(script), backup_dir, "3"], capture_output=True, text=True,
+                           timeout=300, env=env)
+    killed_at = time.monotonic()
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    epochs = [line.split() for line in first.stdout.splitlines() if line.startswith("epoch")]
+    assert [e[1] for e in epochs] == ["0", "1", "2"]
+    port = int(epochs[-1][3])
+    while not _port_free(port) and time.monotonic() - killed_at < 2.0:
+        time.sleep(0.05)
+    assert _port_free(port), "the dead driver's parameter server port is still taken"
+    assert checkpoint.load(backup_dir).epochs_done == 2  # killed before epoch 3's checkpoint
+    deadline = time.monotonic() + 15  # the dead driver's JVM exits when its stdin closes
+    while time.monotonic() < deadline and _processes_of(str(script)):
+        time.sleep(0.2)
+    assert not _processes_of(str(script)), "the dead driver left processes behind"
+
+    second = subprocess.run([sys.executable, str(script), backup_dir, "0"], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert [line.split()[1] for line in second.stdout.splitlines() if line.startswith("epoch")] == ["2", "3"]
+    final = float(next(line.split()[1] for line in second.stdout.splitlines() if line.startswith("accuracy")))
+    assert final > 0.9
+    assert not os.path.exists(backup_dir)
+
+
+def _processes_of(marker):
+    """PIDs whose command line mentions ``marker`` or whose parent chain started from it (JVMs of the script)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline or "elephant-resume-test" in cmdline:
+            out.append(int(pid))
+    return out
