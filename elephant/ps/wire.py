@@ -8,16 +8,21 @@ The JSON header has one entry per tensor, named by its index (``"0000"``,
 ``"0001"``, ...) as ``{"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}``,
 plus ``"__metadata__"``: a str -> str map whose ``"elephant"`` entry holds our
 small message header as JSON (run, epoch, partition, step, attempt, clocks,
-tensor counts).
+tensor counts), and whose ``"xxh3"`` entry holds a checksum of the whole
+message: the 64-bit XXH3 of every byte, with the 16 hex digits of the checksum
+itself written as zeros. A message corrupted anywhere (a flipped bit that TCP's
+16-bit checksum missed, a bad NIC or memory) is refused before anything is
+applied. XXH3 (the ``xxhash`` package) reads about 45 GB/s here, 12 times
+zlib's CRC32, so even a 40 MB message costs under a millisecond per side.
 
 We produce and parse the layout ourselves, because the library copies: encoding
 returns the header plus a memoryview of every array (no join, no copy), and
 decoding wraps slices of the received buffer with ``np.frombuffer`` (no copy).
 The tests check compatibility both ways with ``safetensors.numpy``.
 
-Decoding is strict: every deviation (truncated or oversized header, bad JSON,
-unknown dtype, overlapping or gapped offsets, trailing bytes, wrong count,
-shape or dtype against a template, NaN or inf) raises
+Decoding is strict: every deviation (a missing or wrong checksum, truncated or
+oversized header, bad JSON, unknown dtype, overlapping or gapped offsets,
+trailing bytes, wrong count, shape or dtype against a template, NaN or inf) raises
 :class:`~elephant.errors.ProtocolError` with the reason.
 """
 
@@ -30,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import xxhash
 
 from elephant.errors import ProtocolError
 from elephant.optimizers.base import Commit, Reply
@@ -54,6 +60,8 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 
 _META_KEY = "elephant"
 _FORMAT = "elephant-ps/1"
+_SUM_KEY = "xxh3"
+_SUM_BLANK = b"0" * 16
 
 _DTYPES: dict[str, np.dtype] = {
     "F16": np.dtype("<f2"),
@@ -179,12 +187,37 @@ def encode(tensors: Sequence[np.ndarray], meta: Mapping[str, Any] | None = None)
         meta_json = json.dumps(dict(meta or {}), separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"message header is not JSON-serialisable: {exc}") from None
-    header: dict[str, Any] = {"__metadata__": {"format": _FORMAT, _META_KEY: meta_json}}
+    header: dict[str, Any] = {"__metadata__": {"format": _FORMAT, _META_KEY: meta_json,
+                                               _SUM_KEY: _SUM_BLANK.decode()}}
     header.update(entries)
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    buffers[0] = len(raw).to_bytes(8, "little") + raw
+    prefix = len(raw).to_bytes(8, "little") + raw
+    digest = xxhash.xxh3_64(prefix)
+    for data in buffers[1:]:
+        digest.update(data)
+    buffers[0] = prefix.replace(_sum_field(_SUM_BLANK), _sum_field(digest.hexdigest().encode()), 1)
     return Encoded(buffers, 8 + len(raw) + offset)
+
+
+def _sum_field(digits: bytes) -> bytes:
+    return b'"' + _SUM_KEY.encode() + b'":"' + digits + b'"'
+
+
+def _verify_checksum(mv: memoryview, header_bytes: bytes, metadata: Any) -> None:
+    """Refuse a message whose XXH3 checksum is missing or does not match its bytes."""
+    digits = metadata.get(_SUM_KEY) if isinstance(metadata, dict) else None
+    if not isinstance(digits, str) or len(digits) != 16 or not digits.isascii():
+        raise ProtocolError("message carries no valid checksum (__metadata__.xxh3); refused")
+    field = _sum_field(digits.encode())
+    if field not in header_bytes:
+        raise ProtocolError("message checksum field is not in its canonical form; refused")
+    digest = xxhash.xxh3_64(mv[:8])
+    digest.update(header_bytes.replace(field, _sum_field(_SUM_BLANK), 1))
+    digest.update(mv[8 + len(header_bytes):])
+    if digest.hexdigest() != digits:
+        raise ProtocolError(f"message checksum mismatch (computed {digest.hexdigest()}, sent {digits}): the message "
+                            "was corrupted on its way; nothing was applied")
 
 
 def _header_int(name: str, entry: Any, field: str, value: Any) -> int:
@@ -239,6 +272,7 @@ def decode(
     *,
     count: int | None = None,
     check_finite: bool = True,
+    checksum: bool = True,
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
     """Parse a safetensors message without copying the tensor data.
 
@@ -250,6 +284,8 @@ def decode(
             ``dtype``); count, shapes and dtypes must match exactly.
         count: optional expected number of tensors (implied by ``template``).
         check_finite: reject NaN and inf in float tensors (default True).
+        checksum: require the XXH3 checksum and check it (default True;
+            False reads plain safetensors buffers, which carry none).
 
     Returns:
         ``(tensors, meta)``: the arrays in index order and our message header
@@ -269,13 +305,15 @@ def decode(
         raise ProtocolError(f"header length {hlen} exceeds the limit of {MAX_HEADER_BYTES} bytes")
     if hlen > size - 8:
         raise ProtocolError(f"header length {hlen} exceeds the {size - 8} bytes after the prefix (truncated?)")
+    header_bytes = bytes(mv[8 : 8 + hlen])
     try:
-        header = json.loads(bytes(mv[8 : 8 + hlen]))
+        header = json.loads(header_bytes)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"header is not valid JSON: {exc}") from None
+        raise ProtocolError(f"header is not valid JSON{' (corrupted?)' if checksum else ''}: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a JSON object; received {type(header).__name__}")
-    meta = _parse_meta(header.pop("__metadata__", None))
+    metadata = header.pop("__metadata__", None)
+    meta = _parse_meta(metadata)
 
     n = len(header)
     if template is not None:
@@ -300,6 +338,8 @@ def decode(
         raise ProtocolError(f"data_offsets reach byte {position} but the message holds {data_len} data bytes (truncated?)")
     if position < data_len:
         raise ProtocolError(f"message has {data_len - position} trailing bytes after the last tensor")
+    if checksum:  # after the layout checks, which name what is wrong with a truncated or padded message
+        _verify_checksum(mv, header_bytes, metadata)
 
     tensors = [
         np.frombuffer(mv, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin).reshape(shape)
