@@ -1,10 +1,16 @@
 """Lifecycle of the parameter server: a WSGI server hosted in a driver thread.
 
 :class:`PSServer` serves the Flask app with werkzeug's ``BaseWSGIServer`` plus
-two changes measured to matter (docs/parameter_server.md):
+three changes measured to matter (docs/parameter_server.md):
 
+* a **gate** (:class:`_Gate`): one selector thread reads each request whole,
+  head and body, before a handler thread sees it, and takes the connection
+  back once the response is sent. An idle keep-alive connection, a slow or
+  half-sent request, or a flood of idle connections costs a socket, never a
+  handler thread; a request must start within ``header_timeout`` and keep
+  its bytes coming, and the number of open connections is capped;
 * a **bounded thread pool** (werkzeug's threaded server spawns one thread per
-  connection without limit); connections beyond the pool wait in the queue;
+  connection without limit) that serves whole requests;
 * a **keep-alive request handler** that writes response buffers with
   ``sendall`` as they are (werkzeug's handler closes every connection, accepts
   only ``bytes`` chunks, so the center would be joined into one copy, and
@@ -19,9 +25,13 @@ blocked requests, shuts down, joins every thread and closes every socket.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
+import queue
+import selectors
 import socket
+import socketserver
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -126,36 +136,278 @@ class _Handler(WSGIRequestHandler):
             self.close_connection = True  # unread or chunked body: the stream position is unknown
 
 
+class _BufferedHandler(_Handler):
+    """Serves one request that the gate has already read whole; the socket is only written to."""
+
+    def __init__(self, request: Any, client_address: Any, server: Any, data: bytes):
+        self._data = data
+        super().__init__(request, client_address, server)
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.connection.settimeout(self.timeout)  # bounds a write to a reader that stopped reading
+        self.rfile = io.BytesIO(self._data)
+        self.wfile = socketserver._SocketWriter(self.connection)
+
+    def handle(self) -> None:
+        self.close_connection = True  # kept open only if the request allows it (HTTP/1.1 keep-alive)
+        try:
+            self.handle_one_request()
+        except (ConnectionError, socket.timeout) as exc:
+            self.close_connection = True
+            self.connection_dropped(exc)
+
+
+class _Pending:
+    """A connection the gate is reading a request from."""
+
+    __slots__ = ("address", "buffer", "deadline", "head", "total", "continued")
+
+    def __init__(self, address: Any, buffer: bytes, deadline: float):
+        self.address, self.buffer, self.deadline = address, bytearray(buffer), deadline
+        self.head: int | None = None  # length of the request head, once its blank line arrived
+        self.total: int | None = None  # head + body length, once known
+        self.continued = False  # "100 Continue" sent
+
+
+_HEAD_END = b"\r\n\r\n"
+
+
+class _Gate:
+    """Reads whole requests off the server's connections with one selector thread.
+
+    A connection is handed to the handler pool only when a whole request (head
+    and Content-Length body) has arrived, and comes back here after its
+    response. Deadlines: a new connection must send within ``header_timeout``,
+    a kept-alive one within ``idle_timeout``, and while a request arrives each
+    ``header_timeout`` must bring more bytes; then the connection is closed.
+    A body over ``max_body`` is not waited for: the app answers 413 from the
+    head. A connection closed by its peer is dropped at once, so nothing spins.
+    """
+
+    def __init__(self, server: _PooledWSGIServer, header_timeout: float, idle_timeout: float, max_body: int,
+                 max_head: int = 65536):
+        self._server = server
+        self._header_timeout, self._idle_timeout = header_timeout, idle_timeout
+        self._max_body, self._max_head = max_body, max_head
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: dict[socket.socket, _Pending] = {}
+        self._stopping = False
+        self.expired = 0
+        self._thread = threading.Thread(target=self._run, name="elephant-ps-gate", daemon=True)
+        self._thread.start()
+
+    def add(self, sock: socket.socket, address: Any, buffered: bytes = b"", idle: bool = False) -> None:
+        """Watch ``sock`` for its next request (any thread)."""
+        self._incoming.put((sock, address, buffered, idle))
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the wake-up pipe is full (the gate is waking anyway) or closed (stopping)
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+        self._thread.join()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                events = self._selector.select(timeout=0.25)
+            except OSError:  # a socket closed under the selector by close_all
+                events = []
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except (BlockingIOError, OSError):
+                        pass
+                else:
+                    self._read(key.fileobj)
+            self._admit()
+            self._expire()
+
+    def _admit(self) -> None:
+        now = time.monotonic()
+        while True:
+            try:
+                sock, address, buffered, idle = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            if self._stopping:
+                self._server.drop(sock)
+                continue
+            pending = _Pending(address, buffered, now + (self._idle_timeout if idle else self._header_timeout))
+            try:
+                sock.setblocking(False)
+                self._selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):  # closed meanwhile
+                self._server.drop(sock)
+                continue
+            self._pending[sock] = pending
+            if buffered:  # a pipelined request may already be whole
+                self._parse(sock, pending)
+
+    def _read(self, sock: socket.socket) -> None:
+        pending = self._pending.get(sock)
+        if pending is None:
+            return
+        try:
+            data = sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # closed by the peer (or reset): forget it, never poll it again
+            self._release(sock)
+            self._server.drop(sock)
+            return
+        pending.buffer += data
+        pending.deadline = time.monotonic() + self._header_timeout
+        self._parse(sock, pending)
+
+    def _parse(self, sock: socket.socket, pending: _Pending) -> None:
+        if pending.head is None:
+            end = pending.buffer.find(_HEAD_END, 0, self._max_head + 4)
+            if end < 0:
+                if len(pending.buffer) > self._max_head:
+                    self._refuse(sock, 431, "Request Header Fields Too Large")
+                return
+            pending.head = end + 4
+            length, expect = 0, False
+            for line in bytes(pending.buffer[:end]).split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    try:
+                        length = int(value.strip())
+                    except ValueError:
+                        length = -1
+                    if length < 0:
+                        self._refuse(sock, 400, "Bad Request")
+                        return
+                elif name == b"transfer-encoding":
+                    self._refuse(sock, 411, "Length Required")  # the app needs a Content-Length body
+                    return
+                elif name == b"expect" and value.strip().lower() == b"100-continue":
+                    expect = True
+            # a body over the limit is not waited for: the app refuses it (413) from the head alone
+            pending.total = pending.head + (length if length <= self._max_body else 0)
+            if expect and len(pending.buffer) < pending.total:
+                try:
+                    sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    pending.continued = True
+                except OSError:
+                    pass
+        if len(pending.buffer) >= pending.total:
+            self._release(sock)
+            data = bytes(pending.buffer[: pending.total])
+            leftover = bytes(pending.buffer[pending.total:])
+            if pending.continued:  # the handler must not send a second "100 Continue"
+                data = _without_expect(data, pending.head)
+            self._server.dispatch(sock, pending.address, data, leftover)
+
+    def _refuse(self, sock: socket.socket, status: int, reason: str) -> None:
+        self._release(sock)
+        try:
+            sock.send(f"HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+        except OSError:
+            pass
+        self._server.drop(sock)
+
+    def _release(self, sock: socket.socket) -> None:
+        self._pending.pop(sock, None)
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for sock in [s for s, p in self._pending.items() if p.deadline <= now]:
+            self.expired += 1
+            self._release(sock)
+            self._server.drop(sock)
+
+
+def _without_expect(data: bytes, head: int) -> bytes:
+    lines = data[: head - 4].split(b"\r\n")
+    kept = [ln for ln in lines if ln.partition(b":")[0].strip().lower() != b"expect"]
+    return b"\r\n".join(kept) + _HEAD_END + data[head:]
+
+
 class _PooledWSGIServer(BaseWSGIServer):
-    """``BaseWSGIServer`` handing each connection to a bounded thread pool."""
+    """``BaseWSGIServer`` whose gate reads whole requests and whose bounded pool serves them."""
 
     multithread = True
 
-    def __init__(self, host: str, port: int, app: Flask, handler: type, threads: int, fd: int):
+    def __init__(self, host: str, port: int, app: Flask, handler: type, threads: int, fd: int, *,
+                 header_timeout: float = 10.0, idle_timeout: float = 60.0, max_connections: int = 1024,
+                 max_body: int = 1 << 30):
         super().__init__(host, port, app, handler=handler, fd=fd)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="elephant-ps-handler")
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._max_connections = max_connections
         self.accepted = 0
+        self.refused = 0
+        self._gate = _Gate(self, header_timeout, idle_timeout, max_body)
+
+    @property
+    def open_connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connections)
+
+    @property
+    def expired(self) -> int:
+        return self._gate.expired
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:
-            self._connections.add(request)
-            self.accepted += 1
+            full = len(self._connections) >= self._max_connections
+            if not full:
+                self._connections.add(request)
+                self.accepted += 1
+            else:
+                self.refused += 1
+        if full:  # refused at once: a flood cannot queue up behind the cap
+            self.shutdown_request(request)
+            return
+        self._gate.add(request, client_address)
+
+    def dispatch(self, sock: socket.socket, address: Any, data: bytes, leftover: bytes) -> None:
+        """Serve a whole request from the pool (called by the gate)."""
         try:
-            self._pool.submit(self._serve_connection, request, client_address)
+            self._pool.submit(self._serve_request, sock, address, data, leftover)
         except RuntimeError:  # the pool is shutting down
-            self._forget(request)
+            self.drop(sock)
 
-    def _serve_connection(self, request: Any, client_address: Any) -> None:
+    def _serve_request(self, sock: socket.socket, address: Any, data: bytes, leftover: bytes) -> None:
         try:
-            self.finish_request(request, client_address)
+            handler = self.RequestHandlerClass(sock, address, self, data)
         except Exception:
-            logger.exception("parameter server connection from %s failed", client_address)
-        finally:
-            self._forget(request)
+            logger.exception("parameter server connection from %s failed", address)
+            self.drop(sock)
+            return
+        if handler.close_connection:
+            self.drop(sock)
+        else:
+            self._gate.add(sock, address, leftover, idle=True)
 
-    def _forget(self, request: Any) -> None:
+    def drop(self, request: Any) -> None:
+        """Close a connection and forget it."""
         with self._connections_lock:
             self._connections.discard(request)
         self.shutdown_request(request)
@@ -164,7 +416,8 @@ class _PooledWSGIServer(BaseWSGIServer):
         logger.exception("parameter server error on a connection from %s", client_address)
 
     def close_all(self) -> None:
-        """Shut down open connections, wait for the handler threads, close the sockets."""
+        """Stop the gate, shut down open connections, wait for the handler threads, close the sockets."""
+        self._gate.stop()
         with self._connections_lock:
             connections = list(self._connections)
         for conn in connections:
@@ -207,8 +460,13 @@ class PSServer:
         threads: handler threads. Default :func:`default_threads` of the
             store's ``num_workers`` (synchronous mode needs at least
             ``num_workers + 2``).
-        idle_timeout: seconds an idle keep-alive connection (or a stalled
-            socket) holds a handler thread. Default 60.
+        idle_timeout: seconds an idle keep-alive connection is kept open
+            (it holds no handler thread), and the longest a response may take
+            to write. Default 60.
+        header_timeout: seconds a new connection may take to send its first
+            bytes, and a request between two of its chunks. Default 10.
+        max_connections: open connections beyond which new ones are closed
+            at once. Default 1024.
         ready_timeout: seconds :meth:`start` waits for ``/health``. Default 10.
 
     Example::
@@ -225,6 +483,8 @@ class PSServer:
         threads: int | None = None,
         *,
         idle_timeout: float = 60.0,
+        header_timeout: float = 10.0,
+        max_connections: int = 1024,
         ready_timeout: float = 10.0,
     ):
         context = app.extensions.get(EXTENSION)
@@ -241,6 +501,9 @@ class PSServer:
         self._requested_port = port
         self._threads = threads
         self._idle_timeout = idle_timeout
+        self._header_timeout = header_timeout
+        self._max_connections = max_connections
+        self._max_body = context["max_body_bytes"]
         self._ready_timeout = ready_timeout
         self._server: _PooledWSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -273,6 +536,21 @@ class PSServer:
         return self._server.accepted if self._server is not None else 0
 
     @property
+    def connections_open(self) -> int:
+        """Connections open now (idle ones included: they wait in the gate, not in a thread)."""
+        return self._server.open_connections if self._server is not None else 0
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections closed at once because ``max_connections`` were open."""
+        return self._server.refused if self._server is not None else 0
+
+    @property
+    def connections_expired(self) -> int:
+        """Connections closed for sending nothing, or too slowly, within their deadline."""
+        return self._server.expired if self._server is not None else 0
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -289,8 +567,11 @@ class PSServer:
             self._started = True
             sock = _bind(self._host, self._requested_port)
             try:
-                handler = type("_PSHandler", (_Handler,), {"timeout": self._idle_timeout})
-                self._server = _PooledWSGIServer(self._host, 0, self._app, handler, self._threads, sock.fileno())
+                handler = type("_PSHandler", (_BufferedHandler,), {"timeout": self._idle_timeout})
+                self._server = _PooledWSGIServer(
+                    self._host, 0, self._app, handler, self._threads, sock.fileno(),
+                    header_timeout=self._header_timeout, idle_timeout=self._idle_timeout,
+                    max_connections=self._max_connections, max_body=self._max_body)
             finally:
                 sock.close()  # the server holds its own duplicate of the descriptor
             self._thread = threading.Thread(

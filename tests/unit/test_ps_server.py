@@ -216,3 +216,154 @@ def test_app_yields_bytes_under_a_plain_wsgi_server():
         plain.shutdown()
         thread.join()
         plain.server_close()
+
+
+# ------------------------------------------------------------------ floods (T16)
+def _commit_body(step):
+    return wire.encode_commit(CommitKey(RUN, 0, 0, step), 1, Commit([np.ones(4, np.float32)], 1, 1, 0)).tobytes()
+
+
+def _timed_commits(port, n, start=0):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    times = []
+    try:
+        for step in range(start, start + n):
+            t0 = time.perf_counter()
+            conn.request("POST", "/commit", body=_commit_body(step), headers=AUTH)
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            times.append(time.perf_counter() - t0)
+    finally:
+        conn.close()
+    return times
+
+
+def _handler_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("elephant-ps-handler")]
+
+
+def test_idle_and_half_sent_connections_hold_no_handler_thread():
+    """300 idle connections and 50 half-sent requests: legitimate commits go on at their own pace."""
+    store, app = make_app()
+    with PSServer(app, threads=2, header_timeout=30.0) as server:
+        quiet = sorted(_timed_commits(server.port, 100))
+        attackers = []
+        try:
+            for _ in range(300):
+                attackers.append(socket.create_connection(("127.0.0.1", server.port)))
+            for _ in range(50):  # a head announcing 1,000 body bytes, then 10 of them
+                s = socket.create_connection(("127.0.0.1", server.port))
+                s.sendall(b"POST /commit HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"\0" * 10)
+                attackers.append(s)
+            wait_for = time.monotonic() + 5
+            while server.connections_open < 350 and time.monotonic() < wait_for:
+                time.sleep(0.01)
+            assert server.connections_open >= 350  # all held open, by the gate
+            attacked = sorted(_timed_commits(server.port, 100, start=100))
+            assert len(_handler_threads()) <= 2
+        finally:
+            for s in attackers:
+                s.close()
+    p99_quiet, p99_attacked = quiet[98], attacked[98]
+    assert p99_attacked < max(5 * p99_quiet, 0.05), (p99_quiet, p99_attacked)
+    assert store.clock == 200
+
+
+def test_slow_requests_and_silent_connections_expire():
+    _, app = make_app()
+    with PSServer(app, threads=2, header_timeout=0.3) as server:
+        silent = socket.create_connection(("127.0.0.1", server.port))
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"GET /health HTTP/1.1\r\n")  # never finishes its head
+        silent.settimeout(5)
+        slow.settimeout(5)
+        started = time.monotonic()
+        assert silent.recv(10) == b"" and slow.recv(10) == b""  # closed by the server
+        assert time.monotonic() - started < 2.0
+        assert server.connections_expired == 2
+        assert get(server.port, "/health")[0] == 200
+        silent.close()
+        slow.close()
+
+
+def test_a_connect_close_loop_leaves_nothing_behind_and_does_not_spin():
+    import os
+
+    _, app = make_app()
+    with PSServer(app, threads=2) as server:
+        fds_before = len(os.listdir("/proc/self/fd"))
+        for _ in range(1000):
+            socket.create_connection(("127.0.0.1", server.port)).close()
+        wait_for = time.monotonic() + 5
+        while server.connections_open and time.monotonic() < wait_for:
+            time.sleep(0.01)
+        assert server.connections_open == 0
+        cpu = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - cpu < 0.2  # the gate sleeps in select(): no busy loop on closed sockets
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+        assert get(server.port, "/health")[0] == 200
+
+
+def test_connections_over_the_cap_are_closed_at_once():
+    _, app = make_app()
+    with PSServer(app, threads=2, max_connections=4) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+        try:
+            wait_for = time.monotonic() + 5
+            while server.connections_open < 4 and time.monotonic() < wait_for:
+                time.sleep(0.01)
+            extra = socket.create_connection(("127.0.0.1", server.port))
+            extra.settimeout(5)
+            assert extra.recv(10) == b""
+            extra.close()
+            assert server.connections_refused == 1
+        finally:
+            for s in held:
+                s.close()
+
+
+@pytest.mark.parametrize("head, status", [
+    (b"POST /commit HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"411"),
+    (b"POST /commit HTTP/1.1\r\nContent-Length: -5\r\n\r\n", b"400"),
+    (b"GET /health HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", b"431"),
+])
+def test_the_gate_refuses_what_it_cannot_frame(head, status):
+    _, app = make_app()
+    with PSServer(app, threads=2) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.settimeout(5)
+        try:
+            s.sendall(head)
+        except OSError:
+            pass  # the server may close before the whole oversized head is sent
+        assert s.recv(64).split(b" ")[1] == status
+        s.close()
+
+
+def test_expect_100_continue_and_a_pipelined_request_are_served():
+    store, app = make_app()
+    with PSServer(app, threads=2) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.settimeout(5)
+        body = _commit_body(0)
+        auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+        s.sendall(b"POST /commit HTTP/1.1\r\nHost: x\r\n" + auth + b"Expect: 100-continue\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode())
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        health = b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+        s.sendall(body + health)  # the second request arrives with the first one's body
+        reader = s.makefile("rb")
+        statuses = []
+        for _ in range(2):
+            status = reader.readline()
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+            statuses.append(status.split(b" ")[1])
+        assert statuses == [b"200", b"200"]
+        s.close()
+    assert store.clock == 1
