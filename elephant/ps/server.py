@@ -24,18 +24,20 @@ blocked requests, shuts down, joins every thread and closes every socket.
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import io
 import json
 import logging
 import queue
+import select
 import selectors
 import socket
 import socketserver
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from flask import Flask
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
@@ -97,8 +99,7 @@ class _Handler(WSGIRequestHandler):
         pass  # per-request logging costs more than a small round trip
 
     def run_wsgi(self) -> None:
-        if self.headers.get("Expect", "").lower().strip() == "100-continue":
-            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # "Expect: 100-continue" was answered by http.server's parse_request (handle_expect_100)
         environ = self.make_environ()
         body = _Input(environ["wsgi.input"])
         environ["wsgi.input"] = body
@@ -136,17 +137,48 @@ class _Handler(WSGIRequestHandler):
             self.close_connection = True  # unread or chunked body: the stream position is unknown
 
 
-class _BufferedHandler(_Handler):
-    """Serves one request that the gate has already read whole; the socket is only written to."""
+class _RequestFile:
+    """A request's ``rfile``: the head the gate read, then the body (bytes already read, then the socket)."""
 
-    def __init__(self, request: Any, client_address: Any, server: Any, data: bytes):
-        self._data = data
+    def __init__(self, head: bytes, prefix: bytes, sock: socket.socket):
+        self._head = io.BytesIO(head)
+        self._prefix = memoryview(prefix)
+        self._sock = sock
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._head.readline(size)  # the head only: the body is read by size
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        if self._prefix.nbytes:
+            n = min(self._prefix.nbytes, target.nbytes)
+            target[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return self._sock.recv_into(target)
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            raise io.UnsupportedOperation("a request body is read by size")
+        buffer = bytearray(size)
+        n = self.readinto(buffer)
+        return bytes(buffer[:n])
+
+    def close(self) -> None:
+        self._head.close()
+
+
+class _BufferedHandler(_Handler):
+    """Serves one request whose head the gate read; the body is read here, from the socket."""
+
+    def __init__(self, request: Any, client_address: Any, server: Any, head: bytes, prefix: bytes):
+        self._head, self._prefix = head, prefix
         super().__init__(request, client_address, server)
 
     def setup(self) -> None:
         self.connection = self.request
-        self.connection.settimeout(self.timeout)  # bounds a write to a reader that stopped reading
-        self.rfile = io.BytesIO(self._data)
+        self.connection.settimeout(self.timeout)  # bounds a slow body, and a write to a peer that stopped reading
+        self.rfile = _RequestFile(self._head, self._prefix, self.connection)
         self.wfile = socketserver._SocketWriter(self.connection)
 
     def handle(self) -> None:
@@ -158,47 +190,75 @@ class _BufferedHandler(_Handler):
             self.connection_dropped(exc)
 
 
-class _Pending:
-    """A connection the gate is reading a request from."""
-
-    __slots__ = ("address", "buffer", "deadline", "head", "total", "continued")
-
-    def __init__(self, address: Any, buffer: bytes, deadline: float):
-        self.address, self.buffer, self.deadline = address, bytearray(buffer), deadline
-        self.head: int | None = None  # length of the request head, once its blank line arrived
-        self.total: int | None = None  # head + body length, once known
-        self.continued = False  # "100 Continue" sent
-
-
 _HEAD_END = b"\r\n\r\n"
 
 
-class _Gate:
-    """Reads whole requests off the server's connections with one selector thread.
+class Head(NamedTuple):
+    """What the gate makes of a request head."""
 
-    A connection is handed to the handler pool only when a whole request (head
-    and Content-Length body) has arrived, and comes back here after its
-    response. Deadlines: a new connection must send within ``header_timeout``,
-    a kept-alive one within ``idle_timeout``, and while a request arrives each
-    ``header_timeout`` must bring more bytes; then the connection is closed.
-    A body over ``max_body`` is not waited for: the app answers 413 from the
-    head. A connection closed by its peer is dropped at once, so nothing spins.
+    status: int  # 0: serve it; else the status to refuse it with
+    head: bytes = b""
+    length: int = 0  # Content-Length
+
+
+def parse_head(buffer: bytes | bytearray, authorization: bytes, max_head: int) -> Head | None:
+    """The request head at the start of ``buffer``: None while incomplete, else what to do with it.
+
+    Refused here, before any handler thread or body buffer is spent on them:
+    a head over ``max_head`` (431), a bad Content-Length (400), a chunked body
+    (411: the app needs a Content-Length) and a request without the run's
+    bearer token (401; its body is never read).
+    """
+    end = buffer.find(_HEAD_END, 0, max_head + 4)
+    if end < 0:
+        return Head(431) if len(buffer) > max_head else None
+    head = bytes(buffer[: end + 4])
+    length, authorized = 0, False
+    for line in head[:end].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip()
+        if name == b"content-length":
+            if not value.isdigit():
+                return Head(400)
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return Head(411)
+        elif name == b"authorization":
+            authorized = hmac.compare_digest(value, authorization)
+    return Head(0, head, length) if authorized else Head(401)
+
+
+_REASONS = {400: "Bad Request", 401: "Unauthorized", 411: "Length Required", 431: "Request Header Fields Too Large"}
+
+
+class _Gate:
+    """Watches the server's connections with one selector thread until a request head arrives.
+
+    A connection reaches the handler pool only with a whole, authorized
+    request head (see :func:`parse_head`), and comes back here when it falls
+    idle after a response. So an idle keep-alive connection, a slow or
+    half-sent head, a request without the token, or a flood of connections
+    costs a socket here, never a handler thread. Deadlines: a new connection
+    must send its head within ``header_timeout`` (each chunk of it restarts
+    that clock, up to ``max_head`` bytes), an idle kept-alive one within
+    ``idle_timeout``; then it is closed. A connection closed by its peer is
+    dropped at once, so nothing spins.
     """
 
-    def __init__(self, server: _PooledWSGIServer, header_timeout: float, idle_timeout: float, max_body: int,
-                 max_head: int = 65536):
-        self._server = server
-        self._header_timeout, self._idle_timeout = header_timeout, idle_timeout
-        self._max_body, self._max_head = max_body, max_head
+    def __init__(self, server: _PooledWSGIServer, authorization: bytes, header_timeout: float,
+                 idle_timeout: float, max_head: int = 65536):
+        self._server, self._authorization = server, authorization
+        self._header_timeout, self._idle_timeout, self._max_head = header_timeout, idle_timeout, max_head
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: dict[socket.socket, _Pending] = {}
+        self._pending: dict[socket.socket, tuple[Any, bytearray, float]] = {}  # address, bytes so far, deadline
         self._stopping = False
         self.expired = 0
+        self.unauthorized = 0
         self._thread = threading.Thread(target=self._run, name="elephant-ps-gate", daemon=True)
         self._thread.start()
 
@@ -207,7 +267,7 @@ class _Gate:
         self._incoming.put((sock, address, buffered, idle))
         try:
             self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
+        except OSError:
             pass  # the wake-up pipe is full (the gate is waking anyway) or closed (stopping)
 
     def stop(self) -> None:
@@ -232,7 +292,7 @@ class _Gate:
                     try:
                         while self._wake_r.recv(4096):
                             pass
-                    except (BlockingIOError, OSError):
+                    except OSError:
                         pass
                 else:
                     self._read(key.fileobj)
@@ -249,23 +309,22 @@ class _Gate:
             if self._stopping:
                 self._server.drop(sock)
                 continue
-            pending = _Pending(address, buffered, now + (self._idle_timeout if idle else self._header_timeout))
             try:
                 sock.setblocking(False)
                 self._selector.register(sock, selectors.EVENT_READ)
             except (OSError, ValueError):  # closed meanwhile
                 self._server.drop(sock)
                 continue
-            self._pending[sock] = pending
-            if buffered:  # a pipelined request may already be whole
-                self._parse(sock, pending)
+            self._pending[sock] = (address, bytearray(buffered),
+                                   now + (self._idle_timeout if idle and not buffered else self._header_timeout))
+            if buffered:  # a pipelined request may already be here
+                self._check(sock)
 
     def _read(self, sock: socket.socket) -> None:
-        pending = self._pending.get(sock)
-        if pending is None:
+        if sock not in self._pending:
             return
         try:
-            data = sock.recv(262144)
+            data = sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -274,58 +333,23 @@ class _Gate:
             self._release(sock)
             self._server.drop(sock)
             return
-        pending.buffer += data
-        pending.deadline = time.monotonic() + self._header_timeout
-        self._parse(sock, pending)
+        address, buffer, _ = self._pending[sock]
+        buffer += data
+        self._pending[sock] = (address, buffer, time.monotonic() + self._header_timeout)
+        self._check(sock)
 
-    def _parse(self, sock: socket.socket, pending: _Pending) -> None:
-        if pending.head is None:
-            end = pending.buffer.find(_HEAD_END, 0, self._max_head + 4)
-            if end < 0:
-                if len(pending.buffer) > self._max_head:
-                    self._refuse(sock, 431, "Request Header Fields Too Large")
-                return
-            pending.head = end + 4
-            length, expect = 0, False
-            for line in bytes(pending.buffer[:end]).split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                if name == b"content-length":
-                    try:
-                        length = int(value.strip())
-                    except ValueError:
-                        length = -1
-                    if length < 0:
-                        self._refuse(sock, 400, "Bad Request")
-                        return
-                elif name == b"transfer-encoding":
-                    self._refuse(sock, 411, "Length Required")  # the app needs a Content-Length body
-                    return
-                elif name == b"expect" and value.strip().lower() == b"100-continue":
-                    expect = True
-            # a body over the limit is not waited for: the app refuses it (413) from the head alone
-            pending.total = pending.head + (length if length <= self._max_body else 0)
-            if expect and len(pending.buffer) < pending.total:
-                try:
-                    sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    pending.continued = True
-                except OSError:
-                    pass
-        if len(pending.buffer) >= pending.total:
-            self._release(sock)
-            data = bytes(pending.buffer[: pending.total])
-            leftover = bytes(pending.buffer[pending.total:])
-            if pending.continued:  # the handler must not send a second "100 Continue"
-                data = _without_expect(data, pending.head)
-            self._server.dispatch(sock, pending.address, data, leftover)
-
-    def _refuse(self, sock: socket.socket, status: int, reason: str) -> None:
+    def _check(self, sock: socket.socket) -> None:
+        address, buffer, _ = self._pending[sock]
+        verdict = parse_head(buffer, self._authorization, self._max_head)
+        if verdict is None:
+            return
         self._release(sock)
-        try:
-            sock.send(f"HTTP/1.1 {status} {reason}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
-        except OSError:
-            pass
-        self._server.drop(sock)
+        if verdict.status:
+            self.unauthorized += verdict.status == 401
+            refuse(sock, verdict.status)
+            self._server.drop(sock)
+            return
+        self._server.dispatch(sock, address, verdict.head, bytes(buffer[len(verdict.head):]))
 
     def _release(self, sock: socket.socket) -> None:
         self._pending.pop(sock, None)
@@ -336,34 +360,42 @@ class _Gate:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for sock in [s for s, p in self._pending.items() if p.deadline <= now]:
+        for sock in [s for s, (_, _, deadline) in self._pending.items() if deadline <= now]:
             self.expired += 1
             self._release(sock)
             self._server.drop(sock)
 
 
-def _without_expect(data: bytes, head: int) -> bytes:
-    lines = data[: head - 4].split(b"\r\n")
-    kept = [ln for ln in lines if ln.partition(b":")[0].strip().lower() != b"expect"]
-    return b"\r\n".join(kept) + _HEAD_END + data[head:]
+def refuse(sock: socket.socket, status: int) -> None:
+    """Answer ``status`` with a JSON reason, as the app does, and say the connection closes."""
+    reason = _REASONS[status]
+    message = "missing or wrong bearer token" if status == 401 else reason.lower()
+    body = json.dumps({"error": message, "type": reason.replace(" ", "")}).encode()
+    try:
+        sock.setblocking(True)
+        sock.settimeout(1.0)
+        sock.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+                     f"\r\nConnection: close\r\n\r\n".encode() + body)
+    except OSError:
+        pass
 
 
 class _PooledWSGIServer(BaseWSGIServer):
-    """``BaseWSGIServer`` whose gate reads whole requests and whose bounded pool serves them."""
+    """``BaseWSGIServer`` whose gate waits for request heads and whose bounded pool serves the requests."""
 
     multithread = True
 
     def __init__(self, host: str, port: int, app: Flask, handler: type, threads: int, fd: int, *,
-                 header_timeout: float = 10.0, idle_timeout: float = 60.0, max_connections: int = 1024,
-                 max_body: int = 1 << 30):
+                 authorization: bytes, header_timeout: float = 10.0, idle_timeout: float = 60.0,
+                 max_connections: int = 1024, linger: float = 0.02):
         super().__init__(host, port, app, handler=handler, fd=fd)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="elephant-ps-handler")
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
-        self._max_connections = max_connections
+        self._max_connections, self._linger, self._authorization = max_connections, linger, authorization
         self.accepted = 0
         self.refused = 0
-        self._gate = _Gate(self, header_timeout, idle_timeout, max_body)
+        self._gate = _Gate(self, authorization, header_timeout, idle_timeout)
 
     @property
     def open_connections(self) -> int:
@@ -373,6 +405,10 @@ class _PooledWSGIServer(BaseWSGIServer):
     @property
     def expired(self) -> int:
         return self._gate.expired
+
+    @property
+    def unauthorized(self) -> int:
+        return self._gate.unauthorized
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:
@@ -385,26 +421,67 @@ class _PooledWSGIServer(BaseWSGIServer):
         if full:  # refused at once: a flood cannot queue up behind the cap
             self.shutdown_request(request)
             return
+        try:  # small replies must not wait for the peer's delayed ACK (Nagle): 40 ms each on Linux
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         self._gate.add(request, client_address)
 
-    def dispatch(self, sock: socket.socket, address: Any, data: bytes, leftover: bytes) -> None:
-        """Serve a whole request from the pool (called by the gate)."""
+    def dispatch(self, sock: socket.socket, address: Any, head: bytes, prefix: bytes) -> None:
+        """Serve an authorized request from the pool (called by the gate)."""
         try:
-            self._pool.submit(self._serve_request, sock, address, data, leftover)
+            self._pool.submit(self._serve, sock, address, head, prefix)
         except RuntimeError:  # the pool is shutting down
             self.drop(sock)
 
-    def _serve_request(self, sock: socket.socket, address: Any, data: bytes, leftover: bytes) -> None:
-        try:
-            handler = self.RequestHandlerClass(sock, address, self, data)
-        except Exception:
-            logger.exception("parameter server connection from %s failed", address)
-            self.drop(sock)
-            return
-        if handler.close_connection:
-            self.drop(sock)
-        else:
-            self._gate.add(sock, address, leftover, idle=True)
+    def _serve(self, sock: socket.socket, address: Any, head: bytes, prefix: bytes) -> None:
+        """Serve requests on ``sock`` while they come back to back, then give it back to the gate.
+
+        After a response the thread lingers ``linger`` seconds for the same
+        client's next request (a worker's pull then commit, or a short window),
+        which skips a round through the gate; a connection that stays quiet, or
+        sends less than a whole authorized head, goes back to the gate.
+        """
+        while True:
+            try:
+                sock.setblocking(True)
+                handler = self.RequestHandlerClass(sock, address, self, head, prefix)
+            except Exception:
+                logger.exception("parameter server connection from %s failed", address)
+                self.drop(sock)
+                return
+            if handler.close_connection:
+                self.drop(sock)
+                return
+            buffered = self._linger_for_head(sock)
+            if buffered is None:
+                return  # closed
+            verdict = parse_head(buffered, self._authorization, 65536) if buffered else None
+            if verdict is None or verdict.status:
+                self._gate.add(sock, address, bytes(buffered), idle=True)  # the gate decides, refuses or waits
+                return
+            head, prefix = verdict.head, bytes(buffered[len(verdict.head):])
+
+    def _linger_for_head(self, sock: socket.socket) -> bytearray | None:
+        """Bytes of the next request that arrive within ``linger`` (empty: none came); None if the peer closed."""
+        buffered = bytearray()
+        deadline = time.monotonic() + self._linger
+        while _HEAD_END not in buffered:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                readable, _, _ = select.select([sock], [], [], remaining)
+                if not readable:
+                    break
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.drop(sock)
+                return None
+            buffered += data
+        return buffered
 
     def drop(self, request: Any) -> None:
         """Close a connection and forget it."""
@@ -503,7 +580,6 @@ class PSServer:
         self._idle_timeout = idle_timeout
         self._header_timeout = header_timeout
         self._max_connections = max_connections
-        self._max_body = context["max_body_bytes"]
         self._ready_timeout = ready_timeout
         self._server: _PooledWSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -551,6 +627,11 @@ class PSServer:
         return self._server.expired if self._server is not None else 0
 
     @property
+    def connections_unauthorized(self) -> int:
+        """Requests refused by the gate for a missing or wrong token (their bodies never read)."""
+        return self._server.unauthorized if self._server is not None else 0
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -570,8 +651,8 @@ class PSServer:
                 handler = type("_PSHandler", (_BufferedHandler,), {"timeout": self._idle_timeout})
                 self._server = _PooledWSGIServer(
                     self._host, 0, self._app, handler, self._threads, sock.fileno(),
-                    header_timeout=self._header_timeout, idle_timeout=self._idle_timeout,
-                    max_connections=self._max_connections, max_body=self._max_body)
+                    authorization=f"Bearer {self._token}".encode(), header_timeout=self._header_timeout,
+                    idle_timeout=self._idle_timeout, max_connections=self._max_connections)
             finally:
                 sock.close()  # the server holds its own duplicate of the descriptor
             self._thread = threading.Thread(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import time
@@ -244,7 +245,7 @@ def _handler_threads():
 
 
 def test_idle_and_half_sent_connections_hold_no_handler_thread():
-    """300 idle connections and 50 half-sent requests: legitimate commits go on at their own pace."""
+    """300 idle connections, 50 half-sent heads and 50 tokenless half-sent bodies: commits go on at their pace."""
     store, app = make_app()
     with PSServer(app, threads=2, header_timeout=30.0) as server:
         quiet = sorted(_timed_commits(server.port, 100))
@@ -252,14 +253,23 @@ def test_idle_and_half_sent_connections_hold_no_handler_thread():
         try:
             for _ in range(300):
                 attackers.append(socket.create_connection(("127.0.0.1", server.port)))
-            for _ in range(50):  # a head announcing 1,000 body bytes, then 10 of them
+            for _ in range(50):  # a head that never ends
+                s = socket.create_connection(("127.0.0.1", server.port))
+                s.sendall(b"POST /commit HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n")
+                attackers.append(s)
+            tokenless = []
+            for _ in range(50):  # a whole head without the token, then 10 of the 1,000 body bytes announced
                 s = socket.create_connection(("127.0.0.1", server.port))
                 s.sendall(b"POST /commit HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"\0" * 10)
-                attackers.append(s)
+                tokenless.append(s)
+            for s in tokenless:  # refused at once from the head: no thread, no body buffer
+                s.settimeout(5)
+                assert s.recv(64).startswith(b"HTTP/1.1 401")
+                s.close()
             wait_for = time.monotonic() + 5
             while server.connections_open < 350 and time.monotonic() < wait_for:
                 time.sleep(0.01)
-            assert server.connections_open >= 350  # all held open, by the gate
+            assert server.connections_open >= 350  # the idle and half-sent ones, all held by the gate
             attacked = sorted(_timed_commits(server.port, 100, start=100))
             assert len(_handler_threads()) <= 2
         finally:
@@ -351,10 +361,10 @@ def test_expect_100_continue_and_a_pipelined_request_are_served():
         auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
         s.sendall(b"POST /commit HTTP/1.1\r\nHost: x\r\n" + auth + b"Expect: 100-continue\r\n"
                   + f"Content-Length: {len(body)}\r\n\r\n".encode())
-        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        reader = s.makefile("rb")
+        assert reader.readline().startswith(b"HTTP/1.1 100 Continue") and reader.readline() == b"\r\n"
         health = b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
         s.sendall(body + health)  # the second request arrives with the first one's body
-        reader = s.makefile("rb")
         statuses = []
         for _ in range(2):
             status = reader.readline()
@@ -367,3 +377,12 @@ def test_expect_100_continue_and_a_pipelined_request_are_served():
         assert statuses == [b"200", b"200"]
         s.close()
     assert store.clock == 1
+
+
+def test_requests_without_the_token_are_refused_by_the_gate_with_the_apps_error():
+    _, app = make_app()
+    with PSServer(app, threads=2) as server:
+        status, payload = get(server.port, "/health", headers={"Authorization": "Bearer wrong"})
+        assert status == 401 and json.loads(payload) == {"error": "missing or wrong bearer token",
+                                                         "type": "Unauthorized"}
+        assert server.connections_unauthorized == 1
