@@ -1,7 +1,10 @@
 """A coverage-guided fuzz campaign of the parameter server's wire decoder (reliability plan T22).
 
 The harness hands each input to ``decode_commit`` (against a two-tensor
-template) and to ``decode_reply``. The only failure allowed is
+template), to ``decode_reply`` and to ``decode`` with the checksum check off:
+a sender who has the token can compute a valid checksum (XXH3 detects
+corruption, it is not a signature), so the parser behind it must hold on its
+own, and without the check the fuzzer's mutations reach it. The only failure allowed is
 :class:`elephant.errors.ProtocolError`; any other exception is a crash, and an
 input that takes over 50 ms or allocates over 1 MiB beyond the input is one
 too. The corpus starts from valid commits and replies, so the fuzzer explores
@@ -68,7 +71,8 @@ def main(argv=None) -> int:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
         started = time.perf_counter()
-        for decoder in (lambda b: wire.decode_commit(b, template), wire.decode_reply):
+        for decoder in (lambda b: wire.decode_commit(b, template), wire.decode_reply,
+                        lambda b: wire.decode(b, checksum=False)):
             try:
                 decoder(data)
                 STATS["accepted"] += 1

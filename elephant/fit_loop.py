@@ -419,7 +419,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         rdd.unpersist()
         raise
     center = sm.model.get_weights()
-    store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout, state=rule_state)
+    store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout, state=rule_state,
+                  norm_guard=sm.norm_guard)
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
     server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
     model_bytes = model_to_bytes(sm.model)

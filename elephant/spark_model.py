@@ -183,6 +183,11 @@ class SparkModel:
             weights; ``"keep"`` keeps the failed epoch's partial progress in
             ``sm.model`` (and does not retry). Either way ``fit`` then raises
             :class:`elephant.FitError`, and the SparkModel can fit again.
+        norm_guard: refuse a commit whose L2 norm is over ``norm_guard`` times
+            the median of the run's last 64 accepted commits (a corrupted or
+            malicious update that passed every other check); None (default)
+            turns it off. Refused commits are counted in
+            ``sm.last_metrics["commits_norm_refused"]``, and fail their task.
     """
 
     def __init__(
@@ -201,6 +206,7 @@ class SparkModel:
         overlap: bool = False,
         epoch_retries: int = 2,
         on_failure: str = "rollback",
+        norm_guard: float | None = None,
     ):
         _check_model(model)
         self.model = model
@@ -233,6 +239,10 @@ class SparkModel:
         if on_failure not in ("rollback", "keep"):
             raise ConfigError(f"`on_failure` must be 'rollback' or 'keep'; received on_failure={on_failure!r}")
         self.on_failure = on_failure
+        if norm_guard is not None and (isinstance(norm_guard, bool) or not isinstance(norm_guard, (int, float))
+                                       or not norm_guard > 1 or norm_guard == float("inf")):
+            raise ConfigError(f"`norm_guard` must be a number > 1 or None; received norm_guard={norm_guard!r}")
+        self.norm_guard = norm_guard
         self._spark = spark
         self.job_group: str | None = None
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
@@ -275,6 +285,7 @@ class SparkModel:
             "overlap": self.overlap,
             "epoch_retries": self.epoch_retries,
             "on_failure": self.on_failure,
+            "norm_guard": self.norm_guard,
         }
 
     def __reduce__(self):
@@ -452,6 +463,6 @@ def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = N
     """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
     model, settings = load_with_settings(filepath, custom_objects)
     known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split", "overlap",
-             "epoch_retries", "on_failure"}
+             "epoch_retries", "on_failure", "norm_guard"}
     kwargs = {k: v for k, v in settings.items() if k in known}
     return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)

@@ -74,7 +74,7 @@ class RoundsMixin:
     methods run with it held. The store provides the state (``_optimizer``,
     ``_mode``, ``_num_workers``, ``_round_timeout``, ``_state``, ``_center``,
     ``_clock``, ``_counts``) and the helpers ``_fence``, ``_replay``,
-    ``_check_base_clock``, ``_checked``, ``_record``, ``_superseded`` (the
+    ``_check_base_clock``, ``_check_norm``, ``_checked``, ``_record``, ``_superseded`` (the
     store's ``StaleAttemptError``), ``_check_current`` (its ``RolledBackError``) and ``_wait`` (which raises its
     ``RoundTimeoutError`` and ``StoreClosedError``).
     """
@@ -103,7 +103,7 @@ class RoundsMixin:
             self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
         return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
 
-    def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str) -> Reply:
+    def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str, norm: float | None = None) -> Reply:
         p, token = key.partition, object()
         with self._cond:
             ep = self._fence(key.run, key.epoch, p, attempt, what)
@@ -112,6 +112,7 @@ class RoundsMixin:
                 self._state = self._optimizer.on_pull(self._state, self._center, self._clock, p)
                 return Reply(clock=self._clock, center=list(self._center))
             self._check_base_clock(commit, what)
+            self._check_norm(norm, what)
             rnd = ep.rounds.setdefault(key.step, _Round(key.step))
             rnd.pending[p] = (key, attempt, commit, token)  # a same or newer attempt replaces a pending commit
             self._close_round(ep, rnd)

@@ -26,6 +26,7 @@ mutate, so replies hand them out without copying.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -47,12 +48,16 @@ from elephant.ps.wire import CommitKey, all_finite
 logger = logging.getLogger(__name__)
 
 __all__ = ["CommitKey", "Store", "Snapshot", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
-           "RolledBackError", "ssp_admitted"]
+           "RolledBackError", "NormGuardError", "ssp_admitted"]
 
 _COUNTERS = (
     "commits_applied", "rounds_applied", "replays_dropped", "stale_attempts_fenced",
     "commits_rejected", "pulls", "bytes_in", "bytes_out", "epochs_rolled_back", "commits_rolled_back",
+    "commits_norm_refused",
 )
+
+#: Commits whose norms the guard remembers, and how many it needs before it judges.
+NORM_WINDOW, NORM_WARMUP = 64, 16
 
 
 class StaleAttemptError(PSError):
@@ -65,6 +70,10 @@ class RoundTimeoutError(PSError):
 
 class StoreClosedError(PSError):
     """The store was closed: the parameter server is stopping."""
+
+
+class NormGuardError(ProtocolError):
+    """A commit whose norm is far beyond the run's recent ones (``norm_guard``); nothing was applied."""
 
 
 class RolledBackError(StaleAttemptError):
@@ -112,13 +121,17 @@ class Store(RoundsMixin):
             wait before :class:`RoundTimeoutError`. Default 600.
         state: the rule's server state to start from (a resumed fit);
             default ``optimizer.server_init(center, num_workers)``.
+        norm_guard: refuse a commit whose L2 norm exceeds ``norm_guard``
+            times the median of the last 64 accepted ones (once 16 were
+            accepted), with :class:`NormGuardError`. Default None (off).
 
     Raises:
         ConfigError: an invalid argument, or ``mode`` not in ``optimizer.modes``.
     """
 
     def __init__(self, center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mode: str,
-                 num_workers: int, run: str, round_timeout: float = 600.0, state: Any = None):
+                 num_workers: int, run: str, round_timeout: float = 600.0, state: Any = None,
+                 norm_guard: float | None = None):
         if mode not in MODES:
             raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
         if mode not in optimizer.modes:
@@ -132,6 +145,11 @@ class Store(RoundsMixin):
         self._center = _freeze([np.array(a, copy=True) for a in center])
         self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
         self._round_timeout = float(round_timeout)
+        if norm_guard is not None and not (isinstance(norm_guard, (int, float)) and not isinstance(norm_guard, bool)
+                                           and math.isfinite(norm_guard) and norm_guard > 1):
+            raise ConfigError(f"`norm_guard` must be a number > 1 or None; received norm_guard={norm_guard!r}")
+        self._norm_guard = None if norm_guard is None else float(norm_guard)
+        self._norms: collections.deque[float] = collections.deque(maxlen=NORM_WINDOW)
         self._state = optimizer.server_init(self.center(), num_workers) if state is None else state
         self._clock = 0
         self._lock = threading.Lock()
@@ -331,6 +349,26 @@ class Store(RoundsMixin):
         self._counts["commits_applied"] += 1
         self._staleness[clock_before - commit.base_clock] += 1
 
+    def _norm(self, commit: Commit) -> float | None:
+        """The commit's L2 norm when the guard is on (computed before the lock is taken)."""
+        if self._norm_guard is None:
+            return None
+        return math.sqrt(sum(float(np.vdot(t, t).real) for t in commit.tensors))
+
+    def _check_norm(self, norm: float | None, what: str) -> None:
+        """Refuse a norm far beyond the recent ones (lock held); remember an accepted one."""
+        if norm is None:
+            return
+        if len(self._norms) >= NORM_WARMUP:
+            typical = float(np.median(self._norms))
+            if norm > self._norm_guard * typical:
+                self._counts["commits_norm_refused"] += 1
+                logger.warning("%s refused: norm %.3g is over %g x the recent median %.3g", what, norm,
+                               self._norm_guard, typical)
+                raise NormGuardError(f"{what}: its norm {norm:.3g} is over norm_guard={self._norm_guard:g} times "
+                                     f"the median {typical:.3g} of the last {len(self._norms)} commits; not applied")
+        self._norms.append(norm)
+
     def _check_base_clock(self, commit: Commit, what: str) -> None:
         if commit.base_clock > self._clock:
             raise ProtocolError(f"{what}: base_clock {commit.base_clock} is ahead of the server clock {self._clock}")
@@ -428,14 +466,16 @@ class Store(RoundsMixin):
         """
         key = CommitKey(*key)
         what = self._validate(key, attempt, commit, check_finite)
+        norm = self._norm(commit)
         if self._mode == "synchronous":
-            return self._commit_round(key, attempt, commit, what)
+            return self._commit_round(key, attempt, commit, what, norm)
         with self._cond:
             ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
             if (key.partition, key.step) in ep.applied:
                 self._replay(what)
                 return self._admitted_reply(ep, key, what, None, pulled=True)
             self._check_base_clock(commit, what)
+            self._check_norm(norm, what)
             ep.applied.add((key.partition, key.step))  # claimed: a concurrent replay is dropped
             snapshot = (self._state, self._center, self._clock)
             if self._mode == "asynchronous":

@@ -505,3 +505,34 @@ def test_rollback_wakes_a_waiting_round_and_an_ssp_admission():
     np.testing.assert_array_equal(store.center()[0], [0.0, 0.0])
     np.testing.assert_array_equal(ssp.center()[0], np.zeros(3))
     assert store.metrics()["waiting"] == ssp.metrics()["waiting"] == 0
+
+
+
+# --------------------------------------------------------------- norm guard
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
+def test_the_norm_guard_refuses_an_update_far_beyond_the_recent_ones(mode):
+    from elephant.ps.store import NORM_WARMUP, NormGuardError
+
+    optimizer = Downpour() if mode == "asynchronous" else ModelAveraging(outer_momentum=0.0)
+    store = Store([np.zeros(3)], optimizer, mode, 1, RUN, norm_guard=100)
+    rng = np.random.default_rng(0)
+    for step in range(NORM_WARMUP):
+        store.commit(key(0, step), 1, delta(float(rng.uniform(0.5, 1.5)), base_clock=step))
+    before = store.center()
+    with pytest.raises(NormGuardError, match="its norm 1.73e\\+03 is over norm_guard=100 times the median"):
+        store.commit(key(0, NORM_WARMUP), 1, delta(1000.0, base_clock=NORM_WARMUP))
+    np.testing.assert_array_equal(store.center()[0], before[0])
+    assert store.metrics()["commits_norm_refused"] == 1
+    store.commit(key(0, NORM_WARMUP), 1, delta(50.0, base_clock=NORM_WARMUP))  # large, but within the guard
+    assert store.clock == NORM_WARMUP + 1
+
+
+def test_the_norm_guard_is_off_by_default_and_checked():
+    store = async_store()
+    for step in range(20):
+        store.commit(key(0, step), 1, delta(1.0, base_clock=step))
+    store.commit(key(0, 20), 1, delta(1e12, base_clock=20))  # no guard: applied
+    assert store.metrics()["commits_norm_refused"] == 0
+    for bad in (1, 0.5, float("nan"), float("inf"), True, "10"):
+        with pytest.raises(ConfigError, match="`norm_guard` must be a number > 1 or None"):
+            Store([np.zeros(2)], Downpour(), "asynchronous", 1, RUN, norm_guard=bad)

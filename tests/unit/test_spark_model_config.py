@@ -121,6 +121,8 @@ def test_fit_errors_before_spark(model, x, y, kwargs, error, match):
     ({"epoch_retries": -1}, r"`epoch_retries` must be an int >= 0; received epoch_retries=-1"),
     ({"epoch_retries": True}, r"received epoch_retries=True"),
     ({"on_failure": "retry"}, r"`on_failure` must be 'rollback' or 'keep'; received on_failure='retry'"),
+    ({"norm_guard": 0.5}, r"`norm_guard` must be a number > 1 or None; received norm_guard=0.5"),
+    ({"norm_guard": "big"}, r"received norm_guard='big'"),
 ])
 def test_failure_settings_are_checked(model, kwargs, match):
     with pytest.raises(ConfigError, match=match):
