@@ -36,6 +36,7 @@ import numpy as np
 
 STATS: Counter = Counter()
 SLOWEST = {"ms": 0.0, "alloc_bytes": 0}
+CRASH: list[str] = []
 LIMIT_MS, LIMIT_ALLOC = 50.0, 1 << 20
 
 
@@ -67,21 +68,38 @@ def main(argv=None) -> int:
 
     template = [np.zeros(7, np.float32), np.zeros((2, 3), np.float64)]
 
-    def one_input(data: bytes) -> None:
+    decoders = (lambda b: wire.decode_commit(b, template), wire.decode_reply, lambda b: wire.decode(b, checksum=False))
+
+    def run_once(data: bytes, count: bool) -> tuple[float, int]:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
         started = time.perf_counter()
-        for decoder in (lambda b: wire.decode_commit(b, template), wire.decode_reply,
-                        lambda b: wire.decode(b, checksum=False)):
+        for decoder in decoders:
             try:
                 decoder(data)
-                STATS["accepted"] += 1
+                STATS["accepted"] += count
             except ProtocolError:
-                STATS["ProtocolError"] += 1
-        ms = (time.perf_counter() - started) * 1e3
-        alloc = tracemalloc.get_traced_memory()[1] - base - len(data)
-        SLOWEST["ms"], SLOWEST["alloc_bytes"] = max(SLOWEST["ms"], ms), max(SLOWEST["alloc_bytes"], alloc)
+                STATS["ProtocolError"] += count
+        return (time.perf_counter() - started) * 1e3, tracemalloc.get_traced_memory()[1] - base - len(data)
+
+    def one_input(data: bytes) -> None:
+        if time.time() - started > args.seconds:  # libFuzzer's own time limit exits without Python's atexit
+            report()
+            os._exit(0)
+        try:
+            checked(data)
+        except Exception as exc:  # a crash: say it here, libFuzzer then saves the input and stops
+            CRASH.append(f"{type(exc).__name__}: {exc}")
+            report()
+            raise
+
+    def checked(data: bytes) -> None:
+        ms, alloc = run_once(data, True)
         STATS["inputs"] += 1
+        if ms > LIMIT_MS:  # a scheduling hiccup is not the input's fault: only a repeatable time counts
+            ms = min(run_once(data, False)[0] for _ in range(3))
+            STATS["retimed"] += 1
+        SLOWEST["ms"], SLOWEST["alloc_bytes"] = max(SLOWEST["ms"], ms), max(SLOWEST["alloc_bytes"], alloc)
         if ms > LIMIT_MS or alloc > LIMIT_ALLOC:
             raise RuntimeError(f"input of {len(data)} bytes took {ms:.1f} ms and {alloc} bytes")
 
@@ -90,26 +108,19 @@ def main(argv=None) -> int:
         Path(corpus, f"seed{i}").write_bytes(seed)
     tracemalloc.start()
     started = time.time()
-    crashed = None
 
     def report() -> None:
         result = {"seconds": round(time.time() - started, 1), "inputs": STATS["inputs"],
-                  "outcomes": {k: v for k, v in STATS.items() if k != "inputs"},
+                  "outcomes": {k: v for k, v in STATS.items() if k not in ("inputs", "retimed")},
+                  "retimed_after_a_slow_first_run": STATS["retimed"],
                   "max_ms": round(SLOWEST["ms"], 3), "max_alloc_bytes": SLOWEST["alloc_bytes"],
-                  "crash": crashed, "limits": {"ms": LIMIT_MS, "alloc_bytes": LIMIT_ALLOC}}
+                  "crash": CRASH[0] if CRASH else None, "limits": {"ms": LIMIT_MS, "alloc_bytes": LIMIT_ALLOC}}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
 
-    import atexit
-
-    atexit.register(report)  # libFuzzer ends the process with exit(); atexit still runs
-    atheris.Setup([sys.argv[0], f"-max_total_time={args.seconds}", "-rss_limit_mb=2048", corpus], one_input)
-    try:
-        atheris.Fuzz()
-    except Exception as exc:  # pragma: no cover - a crash
-        crashed = f"{type(exc).__name__}: {exc}"
-        raise
+    atheris.Setup([sys.argv[0], "-rss_limit_mb=2048", "-max_len=8192", corpus], one_input)
+    atheris.Fuzz()
     return 0
 
 

@@ -69,6 +69,7 @@ def main(argv=None) -> int:
 
     stop = threading.Event()
     counts = {"requests": 0, "errors": 0}
+    error_kinds: dict[str, int] = {}
     lock = threading.Lock()
     samples: list[dict] = []
     started = time.monotonic()
@@ -83,8 +84,11 @@ def main(argv=None) -> int:
                     client.pull(0)
                     client.metrics()
                     n, e = 2, 0
-                except Exception:  # counted: the figure is the error rate
+                except Exception as exc:  # counted: the figure is the error rate
                     n, e = 1, 1
+                    kind = f"{type(exc).__name__}: {str(exc)[:120]}"
+                    with lock:
+                        error_kinds[kind] = error_kinds.get(kind, 0) + 1
                 with lock:
                     counts["requests"] += n
                     counts["errors"] += e
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
         "minutes": round(seconds / 60, 2), "fit_error": error,
         "commits_applied": (sm.last_metrics or {}).get("commits_applied"),
         "commits_rejected": (sm.last_metrics or {}).get("commits_rejected"),
-        "extra_requests": counts["requests"], "extra_errors": counts["errors"],
+        "extra_requests": counts["requests"], "extra_errors": counts["errors"], "extra_error_kinds": error_kinds,
         "rss_slope_mb_per_hour_second_half": round(slope, 1),
         "rss_mb_start_end": [samples[0]["rss_mb"], samples[-1]["rss_mb"]],
         "fds_start_end": [samples[0]["fds"], samples[-1]["fds"]],
