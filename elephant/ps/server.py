@@ -164,6 +164,10 @@ class _RequestFile:
         n = self.readinto(buffer)
         return bytes(buffer[:n])
 
+    def unread(self) -> bytes:
+        """Bytes received with the request but not read by it: the start of a pipelined next request."""
+        return bytes(self._prefix)
+
     def close(self) -> None:
         self._head.close()
 
@@ -453,7 +457,7 @@ class _PooledWSGIServer(BaseWSGIServer):
             if handler.close_connection:
                 self.drop(sock)
                 return
-            buffered = self._linger_for_head(sock)
+            buffered = self._linger_for_head(sock, handler.rfile.unread())
             if buffered is None:
                 return  # closed
             verdict = parse_head(buffered, self._authorization, 65536) if buffered else None
@@ -462,9 +466,10 @@ class _PooledWSGIServer(BaseWSGIServer):
                 return
             head, prefix = verdict.head, bytes(buffered[len(verdict.head):])
 
-    def _linger_for_head(self, sock: socket.socket) -> bytearray | None:
-        """Bytes of the next request that arrive within ``linger`` (empty: none came); None if the peer closed."""
-        buffered = bytearray()
+    def _linger_for_head(self, sock: socket.socket, unread: bytes) -> bytearray | None:
+        """``unread`` and the bytes of the next request that arrive within ``linger`` (empty: none came);
+        None if the peer closed."""
+        buffered = bytearray(unread)
         deadline = time.monotonic() + self._linger
         while _HEAD_END not in buffered:
             remaining = deadline - time.monotonic()

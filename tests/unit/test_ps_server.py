@@ -319,6 +319,9 @@ def test_a_connect_close_loop_leaves_nothing_behind_and_does_not_spin():
 def test_connections_over_the_cap_are_closed_at_once():
     _, app = make_app()
     with PSServer(app, threads=2, max_connections=4) as server:
+        wait_for = time.monotonic() + 5
+        while server.connections_open and time.monotonic() < wait_for:  # the readiness probe's, closing
+            time.sleep(0.01)
         held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
         try:
             wait_for = time.monotonic() + 5
@@ -386,3 +389,28 @@ def test_requests_without_the_token_are_refused_by_the_gate_with_the_apps_error(
         assert status == 401 and json.loads(payload) == {"error": "missing or wrong bearer token",
                                                          "type": "Unauthorized"}
         assert server.connections_unauthorized == 1
+
+
+def test_requests_sent_in_one_packet_are_all_answered_in_order():
+    store, app = make_app()
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    body = _commit_body(0)
+    commit = b"POST /commit HTTP/1.1\r\nHost: x\r\n" + auth + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+    with PSServer(app, threads=2) as server:
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.settimeout(5)
+        s.sendall(health + commit + health + health)  # pipelined: heads, a body and heads in one stream
+        reader = s.makefile("rb")
+        statuses = []
+        for _ in range(4):
+            status = reader.readline()
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+            statuses.append(status.split(b" ")[1])
+        assert statuses == [b"200"] * 4
+        s.close()
+    assert store.clock == 1
