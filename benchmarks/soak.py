@@ -8,7 +8,8 @@ sampled. Reported: commits applied, extra-client requests and errors, the RSS
 slope over the second half of the run (MB per hour), and fds and threads at
 the start and the end. Writes ``benchmarks/results/soak.json``.
 
-The extra clients need the run's token, which elephant never exposes; the
+Requests that fail after the fit has ended (its server is stopping while an extra
+client finishes its loop) are not counted. The extra clients need the run's token, which elephant never exposes; the
 script fixes it by replacing ``secrets.token_urlsafe`` in ``elephant.fit_loop``.
 
 Usage::
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
                     client.metrics()
                     n, e = 2, 0
                 except Exception as exc:  # counted: the figure is the error rate
+                    if stop.is_set():
+                        break  # the fit is over and its server stopping: not an error of the run
                     n, e = 1, 1
                     kind = f"{type(exc).__name__}: {str(exc)[:120]}"
                     with lock:
