@@ -32,6 +32,7 @@ __all__ = [
     "check_xy",
     "check_sample_weight",
     "check_class_weight",
+    "class_weight_labels",
     "class_weights_to_sample_weights",
     "add_class_weights",
     "check_features",
@@ -149,12 +150,8 @@ def check_class_weight(class_weight: Any) -> dict[int, float]:
     return out
 
 
-def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
-    """Each sample's weight from its class, as Keras does (missing classes weigh 1).
-
-    The class is the label itself for sparse labels (``(n,)`` or ``(n, 1)``,
-    rounded) and the arg-max for one-hot or probability labels ``(n, C)``.
-    """
+def class_weight_labels(y: Any) -> np.ndarray:
+    """The one label array ``class_weight`` applies to; refuses multi-output labels and odd shapes (cheap)."""
     if isinstance(y, (Mapping, list, tuple)) and not isinstance(y, np.ndarray):
         leaves = _leaves(y)
         if len(leaves) != 1:
@@ -164,6 +161,16 @@ def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -
     labels = np.asarray(y)
     if labels.ndim > 2:
         raise DataError(f"`class_weight` needs labels of shape (n,), (n, 1) or (n, classes); received {labels.shape}")
+    return labels
+
+
+def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
+    """Each sample's weight from its class, as Keras does (missing classes weigh 1).
+
+    The class is the label itself for sparse labels (``(n,)`` or ``(n, 1)``,
+    rounded) and the arg-max for one-hot or probability labels ``(n, C)``.
+    """
+    labels = class_weight_labels(y)
     if labels.ndim == 2:
         labels = labels[:, 0] if labels.shape[1] == 1 else np.argmax(labels, axis=-1)
     classes = np.round(labels).astype(np.int64)

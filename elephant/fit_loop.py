@@ -86,7 +86,7 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
 
     n = D.check_xy(x, y)
     D.check_features(model, x)
-    w = None if sample_weight is None else D.check_sample_weight(sample_weight, n)
+    w = sample_weight  # checked by run_fit (D.check_sample_weight)
     if validation_split:
         cut = int(n * (1.0 - validation_split))
         if cut == 0 or cut == n:
@@ -361,9 +361,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         n = D.check_xy(x, y)
         D.check_features(sm.model, x)
         if sample_weight is not None:
-            D.check_sample_weight(sample_weight, n)
+            sample_weight = D.check_sample_weight(sample_weight, n)  # training_rdd takes it as checked
         if class_weight is not None:
-            D.class_weights_to_sample_weights(y, class_weight)  # refuses multi-output labels before Spark starts
+            D.class_weight_labels(y)  # refuses multi-output labels before Spark starts
     if validation_data is not None:
         if validation_split:
             raise ConfigError(

@@ -169,7 +169,7 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         if y is None:
             raise DataError("`y` is required to evaluate numpy inputs")
         D.check_features(model, x)
-        w = None if sample_weight is None else D.check_sample_weight(sample_weight, n)
+        w = sample_weight  # checked by SparkModel.evaluate (D.check_sample_weight)
         idx = np.array_split(np.arange(n), min(num_workers, n))
         rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
     ship = ModelShipment(sc, model, custom_objects)

@@ -435,7 +435,7 @@ class SparkModel:
             raise DataError(f"`weight_col` names a DataFrame column; `x` is not a DataFrame (received "
                             f"weight_col={weight_col!r})")
         if sample_weight is not None and not D.is_rdd(x) and not D.is_dataframe(x):
-            D.check_sample_weight(sample_weight, D.num_samples(x))
+            sample_weight = D.check_sample_weight(sample_weight, D.num_samples(x))
         _check_verbose(verbose)
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_test_begin()

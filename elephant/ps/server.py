@@ -86,11 +86,7 @@ class _Handler(WSGIRequestHandler):
     """HTTP/1.1 keep-alive handler that sends response buffers without copying them."""
 
     protocol_version = "HTTP/1.1"
-    timeout = 60.0  # idle keep-alive / slow-socket timeout; set per server
-
-    def setup(self) -> None:
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().setup()
+    timeout = 60.0  # slow-body / slow-reader timeout; set per server (TCP_NODELAY is set at accept)
 
     def log(self, type: str, message: str, *args: Any) -> None:
         logger.debug("%s - %s", self.address_string(), message % args)
@@ -205,7 +201,11 @@ class Head(NamedTuple):
     length: int = 0  # Content-Length
 
 
-def parse_head(buffer: bytes | bytearray, authorization: bytes, max_head: int) -> Head | None:
+#: Largest request head accepted (431 beyond).
+MAX_HEAD = 65536
+
+
+def parse_head(buffer: bytes | bytearray, authorization: bytes, max_head: int = MAX_HEAD) -> Head | None:
     """The request head at the start of ``buffer``: None while incomplete, else what to do with it.
 
     Refused here, before any handler thread or body buffer is spent on them:
@@ -250,7 +250,7 @@ class _Gate:
     """
 
     def __init__(self, server: _PooledWSGIServer, authorization: bytes, header_timeout: float,
-                 idle_timeout: float, max_head: int = 65536):
+                 idle_timeout: float, max_head: int = MAX_HEAD):
         self._server, self._authorization = server, authorization
         self._header_timeout, self._idle_timeout, self._max_head = header_timeout, idle_timeout, max_head
         self._selector = selectors.DefaultSelector()
@@ -460,7 +460,7 @@ class _PooledWSGIServer(BaseWSGIServer):
             buffered = self._linger_for_head(sock, handler.rfile.unread())
             if buffered is None:
                 return  # closed
-            verdict = parse_head(buffered, self._authorization, 65536) if buffered else None
+            verdict = parse_head(buffered, self._authorization) if buffered else None
             if verdict is None or verdict.status:
                 self._gate.add(sock, address, bytes(buffered), idle=True)  # the gate decides, refuses or waits
                 return

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 from elephant import SparkModel, checkpoint
 
 from .conftest import accuracy, digits_model
+from .test_failures import _port_is_free
 
 
 class _Crash(Exception):
@@ -100,16 +100,6 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _port_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_a_killed_driver_resumes_where_it_died(tmp_path):
     """T03/T15: SIGKILL of the driver in epoch 3 of 4; the same script run again trains epochs 2-3 only."""
     script = tmp_path / "train.py"
@@ -123,9 +113,9 @@ def test_a_killed_driver_resumes_where_it_died(tmp_path):
     epochs = [line.split() for line in first.stdout.splitlines() if line.startswith("epoch")]
     assert [e[1] for e in epochs] == ["0", "1", "2"]
     port = int(epochs[-1][3])
-    while not _port_free(port) and time.monotonic() - killed_at < 2.0:
+    while not _port_is_free(port) and time.monotonic() - killed_at < 2.0:
         time.sleep(0.05)
-    assert _port_free(port), "the dead driver's parameter server port is still taken"
+    assert _port_is_free(port), "the dead driver's parameter server port is still taken"
     assert checkpoint.load(backup_dir).epochs_done == 2  # killed before epoch 3's checkpoint
     deadline = time.monotonic() + 15  # the dead driver's JVM exits when its stdin closes
     while time.monotonic() < deadline and _processes_of(str(script)):

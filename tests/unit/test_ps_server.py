@@ -240,6 +240,20 @@ def _timed_commits(port, n, start=0):
     return times
 
 
+def _statuses(reader, count):
+    """The status codes of the next ``count`` HTTP responses on ``reader`` (bodies read and dropped)."""
+    statuses = []
+    for _ in range(count):
+        status = reader.readline()
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        reader.read(length)
+        statuses.append(status.split(b" ")[1])
+    return statuses
+
+
 def _handler_threads():
     return [t for t in threading.enumerate() if t.name.startswith("elephant-ps-handler")]
 
@@ -368,16 +382,7 @@ def test_expect_100_continue_and_a_pipelined_request_are_served():
         assert reader.readline().startswith(b"HTTP/1.1 100 Continue") and reader.readline() == b"\r\n"
         health = b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
         s.sendall(body + health)  # the second request arrives with the first one's body
-        statuses = []
-        for _ in range(2):
-            status = reader.readline()
-            length = 0
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            reader.read(length)
-            statuses.append(status.split(b" ")[1])
-        assert statuses == [b"200", b"200"]
+        assert _statuses(reader, 2) == [b"200", b"200"]
         s.close()
     assert store.clock == 1
 
@@ -401,16 +406,6 @@ def test_requests_sent_in_one_packet_are_all_answered_in_order():
         s = socket.create_connection(("127.0.0.1", server.port))
         s.settimeout(5)
         s.sendall(health + commit + health + health)  # pipelined: heads, a body and heads in one stream
-        reader = s.makefile("rb")
-        statuses = []
-        for _ in range(4):
-            status = reader.readline()
-            length = 0
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            reader.read(length)
-            statuses.append(status.split(b" ")[1])
-        assert statuses == [b"200"] * 4
+        assert _statuses(s.makefile("rb"), 4) == [b"200"] * 4
         s.close()
     assert store.clock == 1

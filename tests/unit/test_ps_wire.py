@@ -284,7 +284,7 @@ def test_a_message_without_its_checksum_is_refused():
     with pytest.raises(ProtocolError, match="carries no valid checksum"):
         wire.decode(plain)
     buf = wire.encode([np.ones(2, np.float32)], {"kind": "reply"}).tobytes()
-    digits = json.loads(buf[8:8 + int.from_bytes(buf[:8], "little")])["__metadata__"]["xxh3"]
+    digits = json.loads(buf[8:8 + int.from_bytes(buf[:8], "little")])["__metadata__"][wire.CHECKSUM_KEY]
     wrong = buf.replace(digits.encode(), b"f" * 16)
     with pytest.raises(ProtocolError, match="checksum mismatch .*nothing was applied"):
         wire.decode(wrong)
