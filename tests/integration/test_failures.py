@@ -120,7 +120,7 @@ def test_a_failed_synchronous_epoch_is_rolled_back_and_trained_again(spark, digi
     x_train, x_test, y_train, y_test = digits
     marker = tmp_path / "fired"
     monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=4,kind=raise,marker={marker}")  # once, in epoch 1
-    sm = SparkModel(digits_model(), mode="synchronous", frequency=2, num_workers=2, spark=spark)
+    sm = SparkModel(digits_model(lr=3e-3), mode="synchronous", frequency=2, num_workers=2, spark=spark)
     history = sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
     assert marker.exists(), "the fault never fired"
     metrics = sm.last_metrics
@@ -131,7 +131,9 @@ def test_a_failed_synchronous_epoch_is_rolled_back_and_trained_again(spark, digi
     steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
     assert len(keys) == 2 * 2 * -(-steps // 2)
     assert {k[0] for k, _ in sm.last_ledger if k[1] == 0} == {history_run(sm) + ".e0t1"}
-    assert len(history.history["loss"]) == 2
+    assert len(history.history["loss"]) == 2 and history.history["loss"][1] < history.history["loss"][0]
+    # 0.86-0.94 over three runs (the shuffle follows the fit's random run id); at the rate of
+    # 1e-3 it once ended at exactly 0.8, with no margin
     assert accuracy(sm.model, x_test, y_test) > 0.8
 
 
