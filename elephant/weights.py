@@ -21,6 +21,7 @@ __all__ = [
     "scale",
     "mul",
     "weighted_mean",
+    "WeightedSum",
     "zeros_like",
     "copy",
     "check_same_structure",
@@ -64,17 +65,40 @@ def weighted_mean(items: Sequence[Sequence[np.ndarray]], weights: Sequence[float
     """
     if len(items) != len(weights):
         raise ValueError(f"got {len(items)} weight lists but {len(weights)} weights")
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError(f"weighted_mean needs a positive total weight; received weights={list(weights)}")
-    first = items[0]
-    out = [np.zeros(x.shape, dtype=np.float64) for x in first]
+    acc = WeightedSum()
     for item, w in zip(items, weights):
-        if w == 0:
-            continue
-        for acc, x in zip(out, item, strict=True):
-            acc += (w / total) * x
-    return [acc.astype(x.dtype) for acc, x in zip(out, first)]
+        acc.add(item, w)
+    return acc.mean()
+
+
+class WeightedSum:
+    """A running weighted mean of weight lists: add them one at a time, in any order.
+
+    Sums are kept in float64, so the mean cast back to each array's dtype does
+    not depend on the order in practice; memory is one float64 copy of a weight
+    list, however many are added. Entries with zero weight contribute nothing.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._sums: list[np.ndarray] | None = None
+        self._dtypes: list[np.dtype] = []
+
+    def add(self, item: Sequence[np.ndarray], weight: float) -> None:
+        if weight == 0:
+            return
+        if self._sums is None:
+            self._sums = [np.zeros(x.shape, dtype=np.float64) for x in item]
+            self._dtypes = [x.dtype for x in item]
+        for acc, x in zip(self._sums, item, strict=True):
+            acc += np.multiply(x, weight, dtype=np.float64)
+        self.total += float(weight)
+
+    def mean(self) -> Weights:
+        """The weighted mean so far; needs a positive total weight."""
+        if self._sums is None or self.total <= 0:
+            raise ValueError(f"weighted_mean needs a positive total weight; received a total of {self.total}")
+        return [(s / self.total).astype(dtype) for s, dtype in zip(self._sums, self._dtypes)]
 
 
 def check_same_structure(expected: Sequence[np.ndarray], received: Sequence[np.ndarray], what: str = "weights") -> None:

@@ -59,6 +59,7 @@ class ModelAveraging(DistributedOptimizer):
     modes = ("synchronous",)
     default_window = 8
     splits_batch = True
+    streams_rounds = True
 
     def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, nesterov=True, staleness_bound=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
@@ -73,14 +74,25 @@ class ModelAveraging(DistributedOptimizer):
     def server_init(self, center, num_workers):
         return self.outer.init(center, num_workers)
 
-    def apply_round(self, state, center, clock, commits):
-        trained = [c for _, c in sorted(commits.items()) if c.num_samples > 0]
-        replies = {k: None for k in commits}
-        if not trained:
+    def round_begin(self, num_workers):
+        return W.WeightedSum()
+
+    def round_add(self, acc, worker, commit):
+        acc.add(commit.tensors, commit.num_samples)  # an empty window (0 samples) adds nothing
+        return acc
+
+    def round_end(self, state, center, clock, acc, workers):
+        replies = {k: None for k in workers}
+        if acc.total == 0:
             return center, replies, state
-        mean_delta = W.weighted_mean([c.tensors for c in trained], [c.num_samples for c in trained])
-        center, state = self.outer.step(state, center, mean_delta)
+        center, state = self.outer.step(state, center, acc.mean())
         return center, replies, state
+
+    def apply_round(self, state, center, clock, commits):
+        acc = self.round_begin(len(commits))
+        for worker, commit in sorted(commits.items()):
+            acc = self.round_add(acc, worker, commit)
+        return self.round_end(state, center, clock, acc, list(commits))
 
     def get_config(self):
         return {"window": self.window, "outer_lr": self.outer.learning_rate,

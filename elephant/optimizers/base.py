@@ -21,7 +21,7 @@ Sign convention: a delta is ``after - before`` and the server *adds* it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -198,6 +198,11 @@ class DistributedOptimizer:
     #: the local progress made meanwhile. A rule that needs each reply before the next
     #: local step sets False and runs blocking.
     overlaps: ClassVar[bool] = True
+    #: Whether the rule reduces a synchronous round as its commits arrive
+    #: (:meth:`round_begin`, :meth:`round_add`, :meth:`round_end`): the server then
+    #: keeps one accumulator per round instead of every partition's commit until the
+    #: round closes, so its memory is about one model, not one per partition.
+    streams_rounds: ClassVar[bool] = False
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:
@@ -259,6 +264,22 @@ class DistributedOptimizer:
         Returns ``(new_center, reply_tensors_by_worker, new_state)``.
         """
         raise NotImplementedError(f"{type(self).__name__} has no synchronous server rule")
+
+    def round_begin(self, num_workers: int) -> Any:
+        """A streaming rule's empty accumulator for a synchronous round (``streams_rounds``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream rounds")
+
+    def round_add(self, acc: Any, worker: int, commit: Commit) -> Any:
+        """The accumulator after ``worker``'s commit; it may update ``acc`` in place (the
+        round owns it), never the commit."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream rounds")
+
+    def round_end(
+        self, state: Any, center: Weights, clock: int, acc: Any, workers: Sequence[int]
+    ) -> tuple[Weights, Mapping[int, Weights | None], Any]:
+        """Close a streamed round of ``workers``: ``(new_center, reply_tensors_by_worker, new_state)``,
+        as :meth:`apply_round` returns them."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream rounds")
 
     def local_optimizer_mismatch(self, local: Any) -> str | None:
         """Why the model's compiled Keras optimizer breaks an assumption of this rule, or None.

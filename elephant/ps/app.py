@@ -20,8 +20,10 @@ debug mode.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+import threading
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,8 @@ __all__ = ["create_app", "DEFAULT_MAX_BODY_BYTES", "EXTENSION", "BUFFERS_OK"]
 DEFAULT_MAX_BODY_BYTES = 1 << 30
 #: Key of the app's entry in ``app.extensions`` (the server reads token and store there).
 EXTENSION = "elephant_ps"
+#: Commit bodies read and summed at a time when the store streams synchronous rounds.
+STREAMED_INTAKE = 2
 #: WSGI environ key set by a server that accepts memoryviews in the response iterable.
 BUFFERS_OK = "elephant.buffers_ok"
 
@@ -134,12 +138,20 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         reply = store.pull(_int_param("worker"), _int_param("epoch", None))
         return _binary(store, wire.encode_reply(reply), 0)
 
+    # Streamed synchronous rounds keep no commit, so the bodies being read and summed
+    # are what the server holds: admit a few at a time, whatever the partition count.
+    intake = threading.BoundedSemaphore(STREAMED_INTAKE) if store.streams_rounds else contextlib.nullcontext()
+
     @app.post("/commit")
     def commit():
-        body = _read_body()
-        key, attempt, payload = wire.decode_commit(body, store.template)
-        reply = store.commit(key, attempt, payload, check_finite=False)  # decode checked finiteness
-        return _binary(store, wire.encode_reply(reply), body.nbytes)
+        with intake:
+            body = _read_body()
+            received = body.nbytes
+            key, attempt, payload = wire.decode_commit(body, store.template)
+            del body  # the payload's arrays may view it: both go once the store has summed them
+            wait = store.submit(key, attempt, payload, check_finite=False)  # decode checked finiteness
+            del payload
+        return _binary(store, wire.encode_reply(wait()), received)
 
     @app.post("/finish")
     def finish():

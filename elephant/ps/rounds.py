@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 from elephant.errors import PSError
@@ -56,6 +56,7 @@ class _Round:
     center: list = dataclasses.field(default_factory=list)
     replies: dict = dataclasses.field(default_factory=dict)
     attempts: dict = dataclasses.field(default_factory=dict)
+    acc: Any = None  # a streaming rule's running sum of the pending commits
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ class _Epoch:
 class RoundsMixin:
     """Synchronous rounds and SSP admission of :class:`elephant.ps.store.Store`.
 
-    :meth:`_commit_round` takes the store's lock (``_cond``); the other
+    :meth:`_submit_round` and the wait it returns take the store's lock (``_cond``); the other
     methods run with it held. The store provides the state (``_optimizer``,
     ``_mode``, ``_num_workers``, ``_round_timeout``, ``_state``, ``_center``,
     ``_clock``, ``_counts``) and the helpers ``_fence``, ``_replay``,
@@ -103,36 +104,82 @@ class RoundsMixin:
             self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
         return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
 
-    def _commit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str, norm: float | None = None) -> Reply:
+    def _submit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str,
+                      norm: float | None = None) -> Callable[[], Reply]:
+        """Enter ``commit`` in its round; return the wait for the round's result.
+
+        A rule that streams rounds (``streams_rounds``) sums the commit into the
+        round here, and the round keeps only its metadata: once the caller drops
+        its references the tensors are freed while the round waits for the other
+        partitions.
+        """
         p, token = key.partition, object()
         with self._cond:
             ep = self._fence(key.run, key.epoch, p, attempt, what)
             if (p, key.step) in ep.applied:
                 self._replay(what)
                 self._state = self._optimizer.on_pull(self._state, self._center, self._clock, p)
-                return Reply(clock=self._clock, center=list(self._center))
+                reply = Reply(clock=self._clock, center=list(self._center))
+                return lambda: reply
             self._check_base_clock(commit, what)
             self._check_norm(norm, what)
             rnd = ep.rounds.setdefault(key.step, _Round(key.step))
+            if self._optimizer.streams_rounds:
+                self._stream(ep, rnd, key, attempt, commit, what)
+                commit = dataclasses.replace(commit, tensors=[])
             rnd.pending[p] = (key, attempt, commit, token)  # a same or newer attempt replaces a pending commit
             self._close_round(ep, rnd)
 
-            def withdraw() -> str:  # on timeout: leave the round, so "failed" means "not applied"
-                if rnd.pending.get(p, (None,) * 4)[3] is token:
-                    del rnd.pending[p]
-                    if not rnd.pending:
-                        ep.rounds.pop(key.step, None)
-                missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
-                return (f"{what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
-                        f"committed: {sorted(rnd.pending)}, missing: {sorted(missing)}")
+        def withdraw() -> str:  # on timeout: leave the round, so "failed" means "not applied"
+            missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
+            message = (f"{what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
+                       f"committed: {sorted(rnd.pending.keys() - {p})}, missing: {sorted(missing)}")
+            if self._optimizer.streams_rounds:  # a sum cannot be taken apart: the round fails instead
+                self._fail_round(ep, rnd, f"partition {p} timed out waiting for it")
+            elif rnd.pending.get(p, (None,) * 4)[3] is token:
+                del rnd.pending[p]
+                if not rnd.pending:
+                    ep.rounds.pop(key.step, None)
+            return message
 
-            self._wait(lambda: rnd.done, withdraw)
-            self._check_current(key.run, what)
-            if rnd.error is not None:
-                raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
-            if rnd.attempts[p] > attempt:
-                raise self._superseded(f"{what} was superseded by task attempt {rnd.attempts[p]} in its round")
-            return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(p))
+        def wait() -> Reply:
+            with self._cond:
+                self._wait(lambda: rnd.done, withdraw)
+                self._check_current(key.run, what)
+                if rnd.error is not None:
+                    raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
+                if rnd.attempts[p] > attempt:
+                    raise self._superseded(f"{what} was superseded by task attempt {rnd.attempts[p]} in its round")
+                return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(p))
+
+        return wait
+
+    def _stream(self, ep: _Epoch, rnd: _Round, key: CommitKey, attempt: int, commit: Commit, what: str) -> None:
+        """Sum ``commit`` into its streamed round (lock held); a retransmission is summed once."""
+        p = key.partition
+        if p in rnd.pending:
+            summed = rnd.pending[p][1]
+            if summed == attempt:  # the same commit sent again (a client retry): in the sum already
+                return
+            reason = f"task attempt {attempt} of partition {p} replaced attempt {summed}, whose commit is in the sum"
+            self._fail_round(ep, rnd, reason)
+            raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {reason}")
+        try:
+            if rnd.acc is None:
+                rnd.acc = self._optimizer.round_begin(self._num_workers)
+            rnd.acc = self._optimizer.round_add(rnd.acc, p, commit)
+        except Exception as exc:
+            reason = f"the server rule of {type(self._optimizer).__name__} failed to add it: {exc!r}"
+            logger.error("%s: %s", what, reason)
+            self._fail_round(ep, rnd, reason)
+            raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {reason}") from exc
+
+    def _fail_round(self, ep: _Epoch, rnd: _Round, reason: str) -> None:
+        """End ``rnd`` unapplied (lock held): each of its waiters raises with ``reason``."""
+        if ep.rounds.get(rnd.step) is rnd:
+            del ep.rounds[rnd.step]
+        rnd.done, rnd.error, rnd.acc = True, reason, None
+        self._cond.notify_all()
 
     def _close_round(self, ep: _Epoch, rnd: _Round) -> None:
         """Apply ``rnd`` once every active partition has committed (lock held)."""
@@ -144,9 +191,13 @@ class RoundsMixin:
         ep.rounds.pop(rnd.step, None)
         rnd.done = True
         what = f"round (step {rnd.step}, partitions {sorted(commits)})"
+        if self._optimizer.streams_rounds:
+            acc, rnd.acc = rnd.acc, None
+            rule = lambda: self._optimizer.round_end(state, center, clock, acc, sorted(commits))  # noqa: E731
+        else:
+            rule = lambda: self._optimizer.apply_round(state, center, clock, commits)  # noqa: E731
         try:
-            self._center, replies, self._state = self._checked(
-                what, lambda: self._optimizer.apply_round(state, center, clock, commits))
+            self._center, replies, self._state = self._checked(what, rule)
         except Exception as exc:  # every waiter of the round reports it
             logger.error("%s failed: %r", what, exc)
             rnd.error = f"{type(exc).__name__}: {exc}"

@@ -172,6 +172,9 @@ class Store(RoundsMixin):
     num_workers = property(lambda self: self._num_workers, doc="Number of partitions.")
     optimizer = property(lambda self: self._optimizer, doc="The distributed optimizer.")
     clock = property(lambda self: self._clock, doc="Commits (asynchronous) or rounds (synchronous) applied.")
+    streams_rounds = property(
+        lambda self: self._mode == "synchronous" and self._optimizer.streams_rounds,
+        doc="Whether synchronous rounds are summed as their commits arrive (the rule's ``streams_rounds``).")
     template = property(lambda self: list(self._center), doc="The center as read-only arrays (shapes, dtypes).")
 
     def center(self) -> list[np.ndarray]:
@@ -464,11 +467,31 @@ class Store(RoundsMixin):
             StoreClosedError: the store is closed.
             PSError: the server rule failed (the center is unchanged).
         """
+        return self.submit(key, attempt, commit, check_finite=check_finite)()
+
+    def submit(self, key: CommitKey, attempt: int, commit: Commit, *,
+               check_finite: bool = True) -> Callable[[], Reply]:
+        """:meth:`commit` in two steps: hand the commit over, then wait for the reply.
+
+        Returns a function that waits (in synchronous mode, for the round to
+        close) and returns the reply, raising as :meth:`commit` does. Errors
+        found on hand-over (validation, fencing, norm) are raised here. With a
+        rule that streams rounds the commit is summed into its round before this
+        returns and the store keeps none of its tensors, so a caller that drops
+        its own references (the HTTP app does) lets them go while the round
+        waits for the other partitions: the server then holds about one model
+        per round, not one per partition.
+        """
         key = CommitKey(*key)
         what = self._validate(key, attempt, commit, check_finite)
         norm = self._norm(commit)
         if self._mode == "synchronous":
-            return self._commit_round(key, attempt, commit, what, norm)
+            return self._submit_round(key, attempt, commit, what, norm)
+        reply = self._commit_now(key, attempt, commit, what, norm)
+        return lambda: reply
+
+    def _commit_now(self, key: CommitKey, attempt: int, commit: Commit, what: str, norm: float | None) -> Reply:
+        """An asynchronous or hogwild commit, applied at once."""
         with self._cond:
             ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
             if (key.partition, key.step) in ep.applied:

@@ -409,3 +409,15 @@ def test_requests_sent_in_one_packet_are_all_answered_in_order():
         assert _statuses(s.makefile("rb"), 4) == [b"200"] * 4
         s.close()
     assert store.clock == 1
+
+
+def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkeypatch):
+    import platform
+
+    from elephant.ps.server import map_large_allocations
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4096")
+    assert map_large_allocations() is False  # the user's own setting stands
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert map_large_allocations() is True

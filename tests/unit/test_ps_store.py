@@ -294,8 +294,14 @@ def test_sync_replay_of_an_applied_round_returns_at_once():
     np.testing.assert_array_equal(store.center()[0], [2.0, 2.0])
 
 
+class _HeldAveraging(ModelAveraging):
+    """Model averaging as a rule that keeps every commit until its round closes."""
+
+    streams_rounds = False
+
+
 def test_a_newer_attempt_replaces_the_pending_commit_of_its_partition():
-    store = sync_store(num_workers=2)
+    store = Store([np.zeros(2)], _HeldAveraging(outer_momentum=0.0), "synchronous", 2, RUN)
     with ThreadPoolExecutor(2) as pool:
         old = pool.submit(store.commit, key(0, 0), 1, delta(100.0, n=2))
         wait_until(lambda: store.metrics()["waiting"] == 1)
@@ -306,6 +312,50 @@ def test_a_newer_attempt_replaces_the_pending_commit_of_its_partition():
         with pytest.raises(StaleAttemptError, match="superseded by task attempt 2 in its round"):
             old.result(timeout=5)
     assert store.ledger() == [(key(0, 0), 2), (key(1, 0), 5)]
+
+
+def test_a_newer_attempt_fails_a_streamed_round_and_nothing_is_applied():
+    """A sum cannot drop one commit: the round fails and the epoch is rolled back. A barrier
+    stage never retries one task, so this is a safeguard, not a path a fit takes."""
+    store = sync_store(num_workers=2)
+    with ThreadPoolExecutor(1) as pool:
+        old = pool.submit(store.commit, key(0, 0), 1, delta(100.0, n=2))
+        wait_until(lambda: store.metrics()["waiting"] == 1)
+        with pytest.raises(PSError, match="task attempt 2 of partition 0 replaced attempt 1, whose commit is in the sum"):
+            store.commit(key(0, 0), 2, delta(1.0, n=2))
+        with pytest.raises(PSError, match="replaced attempt 1"):
+            old.result(timeout=5)
+    assert store.clock == 0 and store.ledger() == []
+
+
+def test_a_retransmitted_commit_is_summed_once_in_a_streamed_round():
+    store = sync_store(num_workers=2)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(store.commit, key(0, 0), 1, delta(4.0, n=2))
+        wait_until(lambda: store.metrics()["waiting"] == 1)
+        again = pool.submit(store.commit, key(0, 0), 1, delta(4.0, n=2))  # the client's retry
+        wait_until(lambda: store.metrics()["waiting"] == 2)
+        store.commit(key(1, 0), 1, delta(2.0, n=2))
+        for reply in (first.result(timeout=5), again.result(timeout=5)):
+            np.testing.assert_array_equal(reply.center[0], [3.0, 3.0])  # (4 + 2) / 2, not (4 + 4 + 2) / 3
+    assert store.ledger() == [(key(0, 0), 1), (key(1, 0), 1)]
+
+
+def test_a_streamed_round_keeps_no_commit_tensors():
+    """T25: what a pending round holds does not grow with the partitions' commits."""
+    import gc
+    import weakref
+
+    store = Store([np.zeros(1000)], ModelAveraging(outer_momentum=0.0), "synchronous", 3, RUN)
+    tensors = [np.full(1000, 1.0)]
+    alive = weakref.ref(tensors[0])
+    wait = store.submit(key(0, 0), 1, Commit(tensors, 1, 2, 0))
+    del tensors
+    gc.collect()
+    assert alive() is None  # summed; the round holds one float64 sum, not the commit
+    store.finish(RUN, 0, 1, 1)
+    store.finish(RUN, 0, 2, 1)
+    np.testing.assert_array_equal(wait().center[0], np.ones(1000))
 
 
 def test_round_timeout_names_the_missing_partitions_and_withdraws_the_commit():
