@@ -5,15 +5,24 @@ TensorFlow and Keras once in the daemon, instead of in every worker, removes
 several seconds from the first task of each worker. The embedded local session
 uses it (``spark.python.daemon.module=elephant.daemon``); on a cluster you may
 set the same option.
+
+TensorFlow's C++ start-up lines are kept off the console:
+``TF_CPP_MIN_LOG_LEVEL`` is set to 3 unless the user (or
+``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL``) set it, and the records that
+TensorFlow writes before absl is initialised, which ignore that variable, are
+filtered at the same threshold (:func:`elephant.session.quiet_tensorflow_import`).
 """
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from elephant.session import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
+
+os.environ.setdefault(TF_LOG_ENV, TF_LOG_QUIET)
 
 try:  # importing is enough: no TensorFlow threads or devices are started here
-    import keras  # noqa: F401
-    import tensorflow  # noqa: F401
+    with quiet_tensorflow_import():
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
 except ImportError:  # pragma: no cover - the daemon must start even without TF
     pass
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from elephant import combine as C
 from elephant import data as D
+from elephant import session
 from elephant.combine import _check_combine, _scored, check_weights, combine_predictions, vote_shares
 from elephant.errors import ConfigError, DataError, ElephantError
 
@@ -156,7 +157,8 @@ class Ensemble:
             return [[predict_block(m, b, batch_size) for m in _members(specs)] for b in items]
 
         try:  # collect() returns partitions in order, so predictions keep the input order
-            parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
+            with session.job_description(sc, f"elephant ensemble predict: {len(self.models)} members"):
+                parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
         finally:
             for broadcast in broadcasts:
                 broadcast.unpersist()
@@ -183,27 +185,16 @@ class Ensemble:
                 return rdd_predictions(items, lambda f: _predict(specs, f, batch_size, how, weights), shapes)
 
             return x.mapPartitions(task)
-        from pyspark.sql import types as T
+        from elephant.inference import with_predictions
 
-        cols = [features_col] if isinstance(features_col, str) else list(features_col)
-        if [c for c in cols if c not in x.columns] or prediction_col in x.columns:
-            raise DataError(f"the DataFrame needs column(s) {cols} and no column {prediction_col!r}; "
-                            f"its columns are {x.columns}")
-        kind = T.LongType() if how == "vote" else T.ArrayType(T.FloatType())
-        schema = T.StructType(list(x.schema.fields) + [T.StructField(prediction_col, kind)])
         _, specs = self._ship(x.sparkSession.sparkContext)
 
-        def rows_task(rows):
+        def predict(features):
             from elephant.ensemble import _predict
-            from elephant.inference import dataframe_predictions
 
-            def predict(features):
-                out = np.asarray(_predict(specs, features, batch_size, how, weights))
-                return out.tolist() if how == "vote" else out.reshape(len(features), -1).tolist()
+            return _predict(specs, features, batch_size, how, weights)
 
-            return dataframe_predictions(rows, predict, cols)
-
-        return x.sparkSession.createDataFrame(x.rdd.mapPartitions(rows_task), schema)
+        return with_predictions(x, features_col, prediction_col, predict, vote=how == "vote")
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self, x, y=None, batch_size: int | None = None, return_dict: bool = False, *, local: bool = False,
@@ -240,7 +231,8 @@ class Ensemble:
                         for out, yb in scored if len(out)]
 
             try:
-                parts = rdd.mapPartitions(task).collect()
+                with session.job_description(rdd.context, "elephant ensemble evaluate"):
+                    parts = rdd.mapPartitions(task).collect()
             finally:
                 for broadcast in broadcasts:
                     broadcast.unpersist()

@@ -9,6 +9,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from elephant import checkpoint
 from elephant import data as D
 from elephant import session
 from elephant import weights as W
-from elephant.errors import ConfigError, DataError, ElephantError, FitError
+from elephant.errors import ConfigError, DataError, ElephantError, FitError, PSError
 from elephant.inference import mean_logs
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.base import overlap_warning, settable_learning_rate, worker_batch_size
@@ -68,19 +69,20 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
             rdd = rdd.map(D.add_class_weights(class_weight))
         rdd = rdd.cache()
         try:
-            summary = _data_job(rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), _shape_summary(b)) for b in it]]))
+            with session.job_description(rdd.context, "elephant fit: check and cache the training data"):
+                summary = _data_job(rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), _shape_summary(b)) for b in it]]))
         except DataError:
-            rdd.unpersist()
+            D.release(rdd)
             raise
         sizes = [s[0][0] if s else 0 for s in summary]
         if sum(sizes) == 0:
-            rdd.unpersist()
+            D.release(rdd)
             raise DataError("`x` holds no samples; elephant needs at least one sample to train")
         shapes = next(s[0][1] for s in summary if s)
         try:
             D.check_features(model, [np.empty((0,) + sh) for sh in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
         except DataError:
-            rdd.unpersist()
+            D.release(rdd)
             raise
         return rdd, num_workers, None
 
@@ -99,8 +101,26 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
     num_workers = sm.num_workers or max(1, sc.defaultParallelism)
     num_workers = min(num_workers, n)
     blocks = D.split_numpy(x, y, num_workers, seed=sm.seed, sample_weight=w)
-    rdd = sc.parallelize(blocks, num_workers).cache()
-    return rdd, num_workers, val
+    return D.shipped_blocks(sc, blocks), num_workers, val
+
+
+def start_server(app, host: str, ports: Sequence[int], threads: int):
+    """A started :class:`~elephant.ps.server.PSServer` on the first free port of ``ports``.
+
+    Raises:
+        PSError: no port of ``ports`` could be bound (the last error names why).
+    """
+    from elephant.ps.server import PSServer
+
+    for i, port in enumerate(ports):
+        try:
+            return PSServer(app, host=host, port=port, threads=threads).start()
+        except PSError as exc:
+            if "could not bind" not in str(exc) or i == len(ports) - 1:
+                if len(ports) > 1:
+                    raise PSError(f"{exc} (tried {len(ports)} ports of {session.PS_PORTS_KEY})") from None
+                raise
+    raise AssertionError("unreachable: ports is never empty")
 
 
 def _data_job(rdd) -> list:
@@ -206,7 +226,9 @@ def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> lis
     tries = 0
     while True:
         try:
-            return _epoch_job(rdd, spec, barrier)
+            text = f"elephant fit {spec.run}: epoch {spec.epoch + 1} of {epochs}" + (f", try {tries + 1}" if tries else "")
+            with session.job_description(rdd.context, text):
+                return _epoch_job(rdd, spec, barrier)
         except ElephantError:
             raise
         except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
@@ -383,7 +405,7 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     try:
         session.check_barrier_slots(num_workers, session.task_slots(sc), sm.optimizer.staleness_bound, sm.mode)
     except ConfigError:
-        rdd.unpersist()
+        D.release(rdd)
         raise
 
     from elephant.ps.app import create_app
@@ -416,13 +438,13 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     try:
         initial_epoch, rule_state, past = resume_from_backup(sm, backup, rule, num_workers, initial_epoch)
     except BaseException:
-        rdd.unpersist()
+        D.release(rdd)
         raise
     center = sm.model.get_weights()
     store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout, state=rule_state,
                   norm_guard=sm.norm_guard)
     app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
-    server = PSServer(app, host=session.ps_host(sc), port=0, threads=2 * num_workers + 4)
+    ports = session.ps_ports(sc)
     model_bytes = model_to_bytes(sm.model)
     fingerprint = model_fingerprint(sm.model)
     structure = replica_structure(sm.model, sm.custom_objects)
@@ -432,8 +454,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     cbks, history = _callback_list(sm, callbacks, epochs)
     show = verbose not in (0, False)
     sm.model.stop_training = False
+    server = None
     try:
-        server.start()
+        server = start_server(app, session.ps_host(sc), ports, 2 * num_workers + 4)
         sm.ps_url = server.url
         log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
                  run, server.url, num_workers, sm.mode, rule, sm.window)
@@ -498,8 +521,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     finally:
         sm.last_metrics = store.metrics()
         sm.last_ledger = store.ledger()
-        server.stop()
+        if server is not None:
+            server.stop()
         sc.setLocalProperty("spark.jobGroup.id", None)
         broadcast.unpersist()
-        rdd.unpersist()
+        D.release(rdd)
     return history

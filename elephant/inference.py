@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
+from elephant import session
 from elephant.errors import DataError
 from elephant.model_io import model_fingerprint, model_to_bytes
 
@@ -76,7 +77,8 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
     try:
         blocks = _ordered_blocks(x, num_workers)
         # collect() returns partitions in order, so the output keeps the input order
-        parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
+        with session.job_description(sc, f"elephant predict: {D.num_samples(x)} samples on {len(blocks)} partitions"):
+            parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
     finally:
         ship.close()
     return _concat_outputs(parts)
@@ -104,15 +106,111 @@ def rdd_predictions(items: Any, predict: Any, expected_shapes: list[tuple] | Non
         yield from predict(np.asarray([r[0] if labelled else r for r in chunk], dtype=np.float32))
 
 
-def dataframe_predictions(rows: Any, predict: Any, cols: list[str]):
-    """Inside a task: each Row of a partition with its prediction appended, in order, in chunks.
+def with_predictions(df, features_col: str | Sequence[str], prediction_col: str, predict: Any, vote: bool = False):
+    """``df`` with a ``prediction_col`` column, lazily: ``predict(x_block)`` runs in an Arrow UDF.
 
-    ``predict(x_block)`` returns one value per row (a list for vectors).
+    The features reach Python as Arrow batches and leave as one Arrow array per
+    batch: no Row objects, every other column stays in the JVM, and rows keep
+    their order. ``predict`` returns one output per row: ``array<float>``, or a
+    ``bigint`` class with ``vote=True``.
+
+    Raises:
+        DataError: a features column is missing, or ``prediction_col`` exists.
     """
-    for chunk in D.chunked(rows):
-        values = predict(np.stack([_row_features(r, cols) for r in chunk]))
-        for r, v in zip(chunk, values):
-            yield tuple(r) + (v,)
+    from pyspark.sql import types as T
+
+    if prediction_col in df.columns:
+        raise DataError(f"DataFrame already has a column {prediction_col!r}; pass another prediction_col")
+    (features,) = D.dataframe_columns(df, features_col)
+    name = features_col if isinstance(features_col, str) else "features"
+
+    def batches(columns):
+        import pyarrow as pa
+
+        for group in _grouped(columns, PREDICT_ROWS):
+            x = np.concatenate([D.arrow_tensor(column, name) for column in group])
+            out = np.asarray(predict(x))
+            start = 0
+            for column in group:  # one output array per input array, of the same length
+                part, start = out[start:start + len(column)], start + len(column)
+                if vote:
+                    yield pa.array(part.astype(np.int64))
+                    continue
+                part = part.reshape(len(part), -1).astype(np.float32, copy=False)
+                offsets = np.arange(len(part) + 1, dtype=np.int32) * part.shape[1]
+                yield pa.ListArray.from_arrays(pa.array(offsets), pa.array(part.ravel()))
+
+    return_type = T.LongType() if vote else T.ArrayType(T.FloatType())
+    return df.withColumn(prediction_col, _arrow_iter_udf(batches, return_type)(features))
+
+
+#: Rows predicted per call in a DataFrame's Arrow UDF: Spark's Arrow batches (10,000 rows by
+#: default) are grouped up to this many, since each ``model.predict`` call has a fixed cost.
+PREDICT_ROWS = 65536
+
+
+def _grouped(columns: Any, rows: int) -> Any:
+    """Consecutive Arrow arrays in lists of about ``rows`` rows (at least one array each)."""
+    group, count = [], 0
+    for column in columns:
+        group.append(column)
+        count += len(column)
+        if count >= rows:
+            yield group
+            group, count = [], 0
+    if group:
+        yield group
+
+
+def padded_predict(model: Any, x: np.ndarray, batch_size: int | None) -> Any:
+    """``model.predict(x)`` in whole batches: the rows are padded to a multiple of the batch
+    size and the padding's outputs dropped, so every call has the same batch shape and the
+    traced predict function is never traced again for a ragged last batch."""
+    from elephant.worker import predict_block
+
+    size = batch_size or 32
+    n = len(x)
+    pad = (-n) % size
+    if pad:
+        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], dtype=x.dtype)])
+    out = predict_block(model, x, size)
+    if isinstance(out, dict):
+        return {k: v[:n] for k, v in out.items()}
+    if isinstance(out, (list, tuple)):
+        return [v[:n] for v in out]
+    return out[:n]
+
+
+def _arrow_iter_udf(fn: Any, return_type: Any):
+    """An iterator UDF over Arrow arrays: ``arrow_udf`` (Spark 4.1+), else a pandas UDF around it."""
+    from pyspark.sql import functions as F
+
+    if hasattr(F, "arrow_udf"):
+        from collections.abc import Iterator
+
+        import pyarrow as pa
+
+        def arrays(columns):
+            return fn(columns)
+
+        # pyspark reads the UDF's kind from its type hints (evaluated objects: this module
+        # defers annotations, and the names would not resolve in the workers)
+        arrays.__annotations__ = {"columns": Iterator[pa.Array], "return": Iterator[pa.Array]}
+        return F.arrow_udf(arrays, return_type)
+
+    from collections.abc import Iterator
+
+    def through_pandas(series_batches):
+        import pyarrow as pa
+
+        for series in series_batches:
+            for out in fn(iter([pa.array(series)])):
+                yield out.to_pandas()
+
+    import pandas as pd
+
+    through_pandas.__annotations__ = {"series_batches": Iterator[pd.Series], "return": Iterator[pd.Series]}
+    return F.pandas_udf(through_pandas, return_type)
 
 
 def _predict_rdd(rdd, spec, batch_size, expected_shapes):
@@ -125,36 +223,13 @@ def _predict_rdd(rdd, spec, batch_size, expected_shapes):
     return rdd.mapPartitions(task)
 
 
-def _row_features(row, cols: list[str]) -> np.ndarray:
-    if len(cols) > 1:
-        return np.asarray([row[c] for c in cols], dtype=np.float32)
-    value = row[cols[0]]
-    if hasattr(value, "toArray"):  # pyspark.ml.linalg Vector
-        value = value.toArray()
-    return np.atleast_1d(np.asarray(value, dtype=np.float32))
-
-
 def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
-    from pyspark.sql import types as T
+    def predict(x):
+        from elephant.inference import padded_predict
 
-    cols = [features_col] if isinstance(features_col, str) else list(features_col)
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise DataError(f"DataFrame has no column(s) {missing}; its columns are {df.columns}")
-    if prediction_col in df.columns:
-        raise DataError(f"DataFrame already has a column {prediction_col!r}; pass another prediction_col")
-    schema = T.StructType(list(df.schema.fields) + [T.StructField(prediction_col, T.ArrayType(T.FloatType()))])
+        return padded_predict(_model(spec), x, batch_size)  # _model is cached per Python worker
 
-    def task(rows):
-        from elephant.worker import predict_block
-
-        def predict(x):
-            return np.asarray(predict_block(_model(spec), x, batch_size)).reshape(len(x), -1).tolist()
-
-        return dataframe_predictions(rows, predict, cols)
-
-    # One pass over each partition: rows keep their order and get their own prediction.
-    return df.sparkSession.createDataFrame(df.rdd.mapPartitions(task), schema)
+    return with_predictions(df, features_col, prediction_col, predict)
 
 
 def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom_objects=None,
@@ -190,7 +265,8 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         return out
 
     try:
-        parts = rdd.mapPartitions(task).collect()
+        with session.job_description(sc, "elephant evaluate"):
+            parts = rdd.mapPartitions(task).collect()
     finally:
         ship.close()
     return combine_partition_logs(parts, return_dict)

@@ -1,18 +1,34 @@
-"""Finding or creating the SparkSession, and small decisions about the cluster."""
+"""Finding or creating the SparkSession, and small decisions about the cluster and the console."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 import threading
+from collections.abc import Callable, Iterator, Mapping
 
 from elephant.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["active", "get_or_create", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots"]
+__all__ = [
+    "active", "get_or_create", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots",
+    "configured_master", "session_settings", "job_description", "quiet_tensorflow_import", "ps_ports",
+]
+
+#: What ``spark-submit`` fills in when PySpark starts the JVM for a plain ``python`` process
+#: (a "pyspark-shell" launch): there a value equal to one of these is Spark's, not the user's.
+SHELL_DEFAULTS = {"spark.master": "local[*]", "spark.app.name": "pyspark-shell", "spark.ui.showConsoleProgress": "true"}
+
+#: TensorFlow's C++ log threshold (0: all, 1: no INFO, 2: no WARNING either, 3: no ERROR either)
+#: and the value elephant gives the Python workers it starts when the user set none.
+TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
+TF_LOG_QUIET = "3"
 
 
 def active():
@@ -45,25 +61,133 @@ def install_interrupt_handler(sc) -> bool:
     return True
 
 
-def get_or_create():
-    """The active SparkSession, else an embedded local one.
+# ---------------------------------------------------------------- the session elephant makes
 
-    The embedded session runs ``local[*]`` on loopback with the UI off, and its
-    Python workers run this interpreter (``PYSPARK_PYTHON`` is set to
-    ``sys.executable`` when unset). Its worker daemon is :mod:`elephant.daemon`,
-    which imports TensorFlow once before forking workers.
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs executors inside the driver's JVM (``local``, ``local[N]``, ``local[N,F]``)."""
+    return master.startswith("local") and not master.startswith("local-cluster")
+
+
+def configured_master(conf: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+    """The master URL the user configured, else None.
+
+    Args:
+        conf: the Spark conf a new session starts from (:func:`launch_conf`): what
+            ``spark-submit --master``/``--conf``, ``spark-defaults.conf``,
+            ``PYSPARK_SUBMIT_ARGS`` and the ``MASTER`` variable set.
+        env: the environment (``os.environ``).
+
+    When PySpark starts the JVM for a plain ``python`` process (no
+    ``PYSPARK_GATEWAY_PORT``), ``spark-submit`` fills in ``local[*]`` when nothing
+    is configured; that value is taken as "none" (a user who configured
+    ``local[*]`` gets the same session either way).
+    """
+    master = conf.get("spark.master") or env.get("MASTER") or None
+    if master is not None and _shell_launch(env) and master == SHELL_DEFAULTS["spark.master"]:
+        return None
+    return master
+
+
+def session_settings(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """The settings elephant adds to the session it makes; never one the user configured.
+
+    With no master configured: the embedded ``local[*]`` session on loopback, with
+    the UI, console progress bars and Spark's routine WARN lines off, Python
+    workers reused and forked from :mod:`elephant.daemon`, and TensorFlow's C++
+    start-up lines off in them. A configured local master (``local[4]``) gets
+    the same settings and keeps its value. Any other master (``spark://``,
+    ``yarn``, ``k8s://``, ``local-cluster``) keeps the user's configuration:
+    only the console progress bars are turned off (and the application named,
+    when nothing named it). Loopback driver addresses are never forced there:
+    executors elsewhere must reach the driver.
+
+    Args:
+        conf: the Spark conf a new session starts from (:func:`launch_conf`).
+        env: the environment (``os.environ``).
+    """
+    master = configured_master(conf, env)
+    wanted = {"spark.app.name": "elephant"}
+    if master is None or is_local(master):
+        if master is None:
+            wanted["spark.master"] = "local[*]"
+        wanted.update({
+            "spark.ui.enabled": "false",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.python.worker.reuse": "true",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.log.level": "ERROR",
+            "spark.python.daemon.module": "elephant.daemon",
+            f"spark.executorEnv.{TF_LOG_ENV}": env.get(TF_LOG_ENV) or TF_LOG_QUIET,
+        })
+    else:
+        wanted["spark.ui.showConsoleProgress"] = "false"
+    shell = _shell_launch(env)
+    return {key: value for key, value in wanted.items()
+            if key not in conf or (shell and conf[key] == SHELL_DEFAULTS.get(key))}
+
+
+def _shell_launch(env: Mapping[str, str]) -> bool:
+    """Whether PySpark starts (or started) the JVM itself, as ``spark-submit pyspark-shell``."""
+    return "PYSPARK_GATEWAY_PORT" not in env
+
+
+def launch_conf() -> dict[str, str]:
+    """The Spark conf a new session starts from, read from the driver's JVM.
+
+    Under ``spark-submit`` that JVM is already running with the submit's
+    configuration; from plain ``python`` PySpark starts it here (as building the
+    session would a moment later), with ``spark-defaults.conf``,
+    ``PYSPARK_SUBMIT_ARGS`` and ``MASTER`` applied.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
+def get_or_create():
+    """The active SparkSession, else a new one: on the configured master, or embedded.
+
+    A master configured anywhere (``spark-submit --master``, ``spark.master`` in
+    ``spark-defaults.conf`` or ``PYSPARK_SUBMIT_ARGS``, the ``MASTER`` variable)
+    is used with the user's configuration, console progress bars off unless
+    configured. Without one the embedded session runs ``local[*]`` on loopback
+    (:func:`session_settings`), and its Python workers run this interpreter
+    (``PYSPARK_PYTHON`` is set to ``sys.executable`` when unset). Its worker
+    daemon is :mod:`elephant.daemon`, which imports TensorFlow once before
+    forking workers.
     """
     session = active()
     if session is not None:
         return session
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    log.info("no active SparkSession; starting an embedded local[*] session on 127.0.0.1")
-    return local_session("local[*]", "elephant")
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:  # a context without a session: wrap it as it is
+        return SparkSession.builder.getOrCreate()
+    conf = launch_conf()
+    master = configured_master(conf, os.environ)
+    settings = session_settings(conf, os.environ)
+    if master is None or is_local(master):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        log.info("no active SparkSession; starting an embedded %s session on 127.0.0.1", master or "local[*]")
+    else:
+        log.info("no active SparkSession; starting one on the configured master %s", master)
+    builder = SparkSession.builder
+    if "spark.master" in settings:
+        builder = builder.master(settings.pop("spark.master"))
+    if "spark.app.name" in settings:
+        builder = builder.appName(settings.pop("spark.app.name"))
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def local_session(master: str, app_name: str):
-    """A loopback-only local SparkSession with the UI and console progress bars off."""
+    """A loopback-only local SparkSession with the UI, console progress bars and routine logs off."""
     from pyspark.sql import SparkSession
 
     return (
@@ -74,9 +198,97 @@ def local_session(master: str, app_name: str):
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "ERROR")
         .config("spark.python.daemon.module", "elephant.daemon")
+        .config(f"spark.executorEnv.{TF_LOG_ENV}", os.environ.get(TF_LOG_ENV) or TF_LOG_QUIET)
         .getOrCreate()
     )
+
+
+# ---------------------------------------------------------------- the console
+
+
+@contextlib.contextmanager
+def job_description(sc, text: str) -> Iterator[None]:
+    """Name the Spark jobs this thread submits inside the block (the Spark UI's Description).
+
+    The previous description (e.g. the one ``setJobGroup`` gave the fit's job
+    group) is restored on the way out, also when the block raises.
+    """
+    previous = sc.getLocalProperty("spark.job.description")
+    sc.setJobDescription(text)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.job.description", previous)  # None removes it
+
+
+#: A line that starts a glog/absl record: severity letter and month-day ("I0000 00:00:17... port.cc:153] ...").
+_NATIVE_RECORD = re.compile(r"^([IWEF])\d{4} ")
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
+
+
+def tf_log_level(env: Mapping[str, str]) -> int:
+    """TensorFlow's C++ log threshold set in ``env`` (0 when unset or unreadable)."""
+    try:
+        return max(0, int(env.get(TF_LOG_ENV, "0")))
+    except ValueError:
+        return 0
+
+
+def native_log_filter(level: int) -> Callable[[str], bool]:
+    """Which lines of native stderr to keep at TensorFlow's log threshold ``level``.
+
+    TensorFlow 2.21 logs through absl before absl is initialised, so its
+    start-up records (oneDNN, CUDA) reach stderr whatever
+    ``TF_CPP_MIN_LOG_LEVEL`` says. The returned predicate drops the one-line
+    records below ``level`` and absl's notice about them; every other line
+    (a Python traceback, a fatal record) is kept. TensorFlow's own filter
+    already drops its multi-line INFO record (CPU features) at level 1 and up.
+    """
+
+    def keep(line: str) -> bool:
+        if line.rstrip("\r\n") == _ABSL_NOTICE:
+            return level < 1
+        record = _NATIVE_RECORD.match(line)
+        return record is None or record.group(1) == "F" or _SEVERITY[record.group(1)] >= level
+
+    return keep
+
+
+@contextlib.contextmanager
+def quiet_tensorflow_import(env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Run the block (an ``import tensorflow``) with native stderr filtered by :func:`native_log_filter`.
+
+    File descriptor 2 is captured in a temporary file and the lines kept are
+    written back when the block ends, so nothing is lost but the records below
+    ``TF_CPP_MIN_LOG_LEVEL`` (of ``env``, default ``os.environ``). With the level
+    at 0 the block runs as it is.
+    """
+    level = tf_log_level(os.environ if env is None else env)
+    if level == 0:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            keep = native_log_filter(level)
+            kept = "".join(line for line in capture.read().decode("utf-8", "replace").splitlines(keepends=True)
+                           if keep(line))
+            if kept:
+                os.write(2, kept.encode("utf-8"))
+
+
+# ---------------------------------------------------------------- decisions about the cluster
 
 
 def task_slots(sc) -> int:
@@ -110,13 +322,45 @@ def check_barrier_slots(num_workers: int, slots: int, staleness_bound: int | Non
         )
 
 
+#: Spark conf key pinning the parameter server's port: ``"50000"`` or a range ``"50000-50100"``
+#: (the first free one is taken); unset or ``"0"``: a free port chosen by the system.
+PS_PORTS_KEY = "spark.elephant.ps.ports"
+
+
+def parse_ports(value: str | None) -> list[int]:
+    """The ports :data:`PS_PORTS_KEY` allows, in order (``[0]``: any free port).
+
+    Raises:
+        ConfigError: not a port or an ascending ``low-high`` range within 1-65535.
+    """
+    if value is None or not value.strip() or value.strip() == "0":
+        return [0]
+    low, _, high = value.strip().partition("-")
+    try:
+        first, last = int(low), int(high or low)
+    except ValueError:
+        first = last = -1
+    if not 1 <= first <= last <= 65535:
+        raise ConfigError(f"`{PS_PORTS_KEY}` must be a port or a range like '50000-50100' within 1-65535; "
+                          f"received {value!r}")
+    return list(range(first, last + 1))
+
+
+def ps_ports(sc) -> list[int]:
+    """The parameter server's allowed ports from the session's conf (:data:`PS_PORTS_KEY`)."""
+    return parse_ports(sc.getConf().get(PS_PORTS_KEY, None))
+
+
 def ps_host(sc) -> str:
     """Address the parameter server binds to and workers connect to.
 
     Local masters use loopback; on a cluster it is ``spark.driver.host``, the
-    address Spark itself tells executors to reach the driver on.
+    address Spark itself tells executors to reach the driver on (Spark sets it
+    when the context starts: the ``--conf`` value, else ``SPARK_LOCAL_IP`` or
+    the host's address), so a standalone master on 127.0.0.1 with
+    ``spark.driver.host=127.0.0.1`` keeps the server on loopback.
     """
     master = sc.master or ""
-    if master.startswith("local") and not master.startswith("local-cluster"):
+    if is_local(master):
         return "127.0.0.1"
     return sc.getConf().get("spark.driver.host", "127.0.0.1")

@@ -52,10 +52,13 @@ def _warm_task(_: Any):
     import sys
     import time
 
+    from elephant.session import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
+
     preloaded = "keras" in sys.modules
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import keras  # noqa: F401
-    import tensorflow  # noqa: F401
+    os.environ.setdefault(TF_LOG_ENV, TF_LOG_QUIET)
+    with quiet_tensorflow_import():  # TensorFlow's start-up lines ignore TF_CPP_MIN_LOG_LEVEL
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
 
     if preloaded:
         time.sleep(LINGER)

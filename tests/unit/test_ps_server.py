@@ -421,3 +421,27 @@ def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkey
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert map_large_allocations() is True
+
+
+def test_a_pinned_port_range_takes_the_first_free_port():
+    pytest.importorskip("keras")  # elephant.fit_loop imports the worker, which needs Keras
+    from elephant.fit_loop import start_server
+    from elephant.session import parse_ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        ports = [port, port + 1] if port < 65535 else [port - 1, port]
+        if not port_is_free(ports[-1]):
+            pytest.skip("the neighbouring port is in use")
+        server = start_server(make_app()[1], "127.0.0.1", ports, threads=2)
+        try:
+            assert server.port == ports[-1] != port
+        finally:
+            server.stop()
+        with pytest.raises(PSError, match=r"could not bind .* \(tried 2 ports of spark.elephant.ps.ports\)"):
+            start_server(make_app()[1], "127.0.0.1", [port, port], threads=2)
+    with pytest.raises(ConfigError, match=r"`spark.elephant.ps.ports` must be a port or a range .* received '80-70'"):
+        parse_ports("80-70")
+    assert parse_ports(None) == [0] and parse_ports("0") == [0] and parse_ports("5-7") == [5, 6, 7]

@@ -1,0 +1,164 @@
+"""DataFrames against numpy: the same data, the same model, side by side in one run.
+
+A generated classification set (``--rows`` rows, 40 float features, 10 classes
+from a random linear map under noise) is written once to Parquet and read back,
+as a user's table would be; a 40-64-10 MLP (Adam, batch 256) trains one epoch
+on 2 workers:
+
+* ``fit(x, y)`` on the numpy arrays, then ``fit(df)`` on the DataFrame (an
+  ``array<float>`` features column; ``--vector`` adds a run on a Vector column
+  made by ``VectorAssembler``); each from the same initial weights;
+* ``predict(x)`` on numpy, then ``predict(df)`` forced by a ``noop`` write of
+  the returned DataFrame (every column computed, nothing collected).
+
+Reported: seconds, ratios DataFrame / numpy, the test accuracy of each fit,
+and the driver's peak resident memory while the DataFrame is fitted (the
+driver must not hold the dataset). Writes ``benchmarks/results/dataframe.json``.
+
+Usage::
+
+    python benchmarks/dataframe.py                 # 1M rows
+    python benchmarks/dataframe.py --rows 200000   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import numpy as np
+
+FEATURES, CLASSES = 40, 10
+
+
+def make_data(rows: int, seed: int = 0):
+    w = np.random.default_rng(1234).normal(size=(FEATURES, CLASSES)).astype(np.float32)  # the task, fixed
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, FEATURES)).astype(np.float32)
+    y = np.argmax(x @ w + rng.normal(scale=2.0, size=(rows, CLASSES)), axis=1).astype(np.int64)
+    return x, y
+
+
+def build_model(seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(CLASSES, activation="softmax")])
+    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def write_parquet(spark, x, y, path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    offsets = np.arange(0, x.size + 1, FEATURES, dtype=np.int32)
+    features = pa.ListArray.from_arrays(pa.array(offsets), pa.array(x.ravel()))
+    pq.write_table(pa.table({"features": features, "label": pa.array(y)}), path, row_group_size=100_000)
+    return spark.read.parquet(path)
+
+
+class PeakRSS:
+    """The driver's peak resident memory (MB) while the block runs, sampled every 10 ms."""
+
+    def __enter__(self):
+        self.peak, self._done = _rss_mb(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(0.01):
+            self.peak = max(self.peak, _rss_mb())
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--vector", action="store_true", help="also fit from a VectorAssembler column")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+
+    from elephant import SparkModel
+    from elephant.session import local_session
+
+    spark = local_session(f"local[{args.workers}]", "elephant-dataframe-benchmark")
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y = make_data(args.rows)
+    x_test, y_test = make_data(20_000, seed=1)  # the same task, other samples
+    results = {"rows": args.rows, "workers": args.workers, "batch_size": args.batch_size,
+               "machine": platform.platform(), "cpus": os.cpu_count(), "runs": {}}
+
+    def accuracy(model):
+        return float(np.mean(np.argmax(model.predict(x_test, batch_size=4096, verbose=0), axis=1) == y_test))
+
+    def fit(data, label=None, **kwargs):
+        sm = SparkModel(build_model(), num_workers=args.workers, spark=spark)
+        with PeakRSS() as rss:
+            _, seconds = timed(lambda: sm.fit(data, label, epochs=1, batch_size=args.batch_size, verbose=0, **kwargs))
+        return sm, {"seconds": seconds, "accuracy": accuracy(sm.model), "driver_peak_rss_mb": rss.peak}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        df = write_parquet(spark, x, y, os.path.join(tmp, "data.parquet"))
+        runs = results["runs"]
+        # start the Python workers, import TensorFlow and warm the JVM's Parquet and Arrow paths before timing
+        fit(x[:5000], y[:5000])
+        fit(df.limit(5000))
+        sm, runs["fit numpy"] = fit(x, y)
+        _, runs["fit DataFrame"] = fit(df)
+        if args.vector:
+            from pyspark.ml.feature import VectorAssembler
+            from pyspark.sql import functions as F
+
+            wide = df.select(*[F.col("features")[i].alias(f"f{i}") for i in range(FEATURES)], "label")
+            vectors = VectorAssembler(inputCols=[f"f{i}" for i in range(FEATURES)], outputCol="features").transform(wide)
+            _, runs["fit DataFrame (Vector)"] = fit(vectors.select("features", "label"))
+        _, seconds = timed(lambda: sm.predict(x, batch_size=1024))
+        runs["predict numpy"] = {"seconds": seconds}
+        predicted = sm.predict(df.select("features"), batch_size=1024)
+        _, seconds = timed(lambda: predicted.write.format("noop").mode("overwrite").save())
+        runs["predict DataFrame"] = {"seconds": seconds}
+    spark.stop()
+
+    base_fit, base_predict = runs["fit numpy"]["seconds"], runs["predict numpy"]["seconds"]
+    for name, run in runs.items():
+        base = base_fit if name.startswith("fit") else base_predict
+        run["ratio"] = run["seconds"] / base
+        extra = f", accuracy {run['accuracy']:.3f}, driver peak {run['driver_peak_rss_mb']:.0f} MB" if "accuracy" in run else ""
+        print(f"{name:24s} {run['seconds']:7.2f} s  {run['ratio']:5.2f}x{extra}", flush=True)
+    results["rows_per_s_predict"] = {k: args.rows / v["seconds"] for k, v in runs.items() if k.startswith("predict")}
+    out = Path(__file__).parent / "results" / f"dataframe{'_' + args.tag if args.tag else ''}.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
