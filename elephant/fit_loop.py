@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ def _shape_summary(block) -> list[tuple]:
 def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sample_weight=None,
                  class_weight=None, weight_col=None):
     """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
+
+    The RDD's ``elephant_samples`` is the number of training samples.
 
     Sample weights travel in the blocks (``(x, y, w)``); ``class_weight`` is
     turned into sample weights of the training data, as Keras does.
@@ -84,6 +87,7 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
         except DataError:
             D.release(rdd)
             raise
+        rdd.elephant_samples = sum(sizes)
         return rdd, num_workers, None
 
     n = D.check_xy(x, y)
@@ -101,7 +105,9 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
     num_workers = sm.num_workers or max(1, sc.defaultParallelism)
     num_workers = min(num_workers, n)
     blocks = D.split_numpy(x, y, num_workers, seed=sm.seed, sample_weight=w)
-    return D.shipped_blocks(sc, blocks), num_workers, val
+    rdd = D.shipped_blocks(sc, blocks)
+    rdd.elephant_samples = n
+    return rdd, num_workers, val
 
 
 def start_server(app, host: str, ports: Sequence[int], threads: int):
@@ -302,14 +308,55 @@ def _save_backup(sm, backup, store, rule, num_workers, epochs_done, history) -> 
     ))
 
 
-def _callback_list(sm, callbacks, epochs):
+def _callback_list(sm, callbacks, epochs, verbose, steps):
+    """The fit's callbacks with History, and Keras' own ProgbarLogger unless ``verbose`` is 0."""
     import keras
 
+    level = 1 if verbose in ("auto", True) else int(verbose)
     cbks = keras.callbacks.CallbackList(
-        list(callbacks or []), add_history=True, add_progbar=False, model=sm.model, epochs=epochs, verbose=0, steps=None
+        list(callbacks or []), add_history=True, add_progbar=level != 0, model=sm.model, epochs=epochs,
+        verbose=level, steps=steps,
     )
     history = next(c for c in cbks.callbacks if isinstance(c, keras.callbacks.History))
     return cbks, history
+
+
+class LiveProgress:
+    """Moves Keras' progress bar within an epoch as the workers' commits arrive.
+
+    The epoch's Spark job blocks the driver, so a thread polls the store's
+    ``samples_applied`` every ``interval`` seconds and shows the samples trained
+    as Keras' steps of the global batch (``steps`` per epoch for ``samples``
+    samples), never the last one: :meth:`stop`, then the epoch's end, finish the
+    line with the epoch's logs, as ``model.fit`` does. Only ``verbose=1`` shows it.
+    """
+
+    def __init__(self, progbar, store, steps: int, samples: int, interval: float = 0.5):
+        self._progbar, self._store, self._steps, self._samples = progbar, store, steps, max(samples, 1)
+        self._interval = interval
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> LiveProgress:
+        if self._progbar is not None and self._progbar.verbose == 1 and self._steps > 1:
+            self._start_samples = self._store.samples_applied
+            self._thread = threading.Thread(target=self._run, name="elephant-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        shown = 0
+        while not self._done.wait(self._interval):
+            trained = self._store.samples_applied - self._start_samples
+            step = min(self._steps - 1, trained * self._steps // self._samples)
+            if step > shown:
+                self._progbar.on_train_batch_end(step - 1)  # the step count, one-indexed by Keras
+                shown = step
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
@@ -365,7 +412,6 @@ def _follow_learning_rate(local, previous: float | None, store) -> float | None:
 def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, callbacks, verbose,
             features_col, label_col, shuffle, initial_epoch=0, validation_freq=1, validation_batch_size=None,
             sample_weight=None, class_weight=None, weight_col=None):
-    from tqdm.auto import tqdm
 
     D.check_input_kind(x)
     if class_weight is not None:
@@ -451,8 +497,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     broadcast = sc.broadcast(model_bytes)
     sm.job_group = f"elephant-{run}"
     sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)
-    cbks, history = _callback_list(sm, callbacks, epochs)
-    show = verbose not in (0, False)
+    steps = -(-rdd.elephant_samples // batch_size)  # Keras' steps of the global batch
+    cbks, history = _callback_list(sm, callbacks, epochs, verbose, steps)
     sm.model.stop_training = False
     server = None
     try:
@@ -463,54 +509,55 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         cbks.on_train_begin()
         metrics_before = store.metrics()
         rate = settable_learning_rate(sm.model.optimizer)
-        with tqdm(total=max(epochs - initial_epoch, 0), unit="epoch", disable=not show, desc="elephant") as bar:
-            for epoch in range(initial_epoch, epochs):
-                cbks.on_epoch_begin(epoch)
-                rate = _follow_learning_rate(sm.model.optimizer, rate, store)
-                t0 = time.perf_counter()
-                spec = TaskSpec(
-                    run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
-                    optimizer=rule, window=sm.window, batch_size=worker_batch, mode=sm.mode,
-                    ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
-                    custom_objects=sm.custom_objects or None, shuffle=shuffle,
-                    fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
-                    learning_rate=rate, ps_run=store.run,
-                )
+        for epoch in range(initial_epoch, epochs):
+            cbks.on_epoch_begin(epoch)
+            rate = _follow_learning_rate(sm.model.optimizer, rate, store)
+            t0 = time.perf_counter()
+            spec = TaskSpec(
+                run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
+                optimizer=rule, window=sm.window, batch_size=worker_batch, mode=sm.mode,
+                ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
+                custom_objects=sm.custom_objects or None, shuffle=shuffle,
+                fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
+                learning_rate=rate, ps_run=store.run,
+            )
+            progress = LiveProgress(cbks._progbar, store, steps, rdd.elephant_samples).start()
+            try:
                 results = run_epoch(sm, store, rdd, spec, barrier, epochs)
-                logs = aggregate_logs(results)
-                sm.model.set_weights(store.center())
-                if val is not None and validates_after(epoch, validation_freq):
-                    val_logs = sm.model.evaluate(
-                        val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
-                        batch_size=validation_batch_size or batch_size, verbose=0, return_dict=True,
-                    )
-                    logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
-                metrics_after = store.metrics()
-                if sm.mode != "synchronous":
-                    mean_tau = _staleness_mean(metrics_before, metrics_after)
-                    if mean_tau is not None:
-                        logs["staleness"] = mean_tau
-                metrics_before = metrics_after
-                log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
-                bar.set_postfix(commits=metrics_after.get("commits_applied", 0), loss=f"{logs.get('loss', float('nan')):.4f}")
-                bar.update(1)
-                diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
-                cbks.on_epoch_end(epoch, logs)
-                if backup is not None:  # after the callbacks: a rate they set is saved with the epoch
-                    for key, value in logs.items():
-                        past.setdefault(key, []).append(float(value))
-                    _save_backup(sm, backup, store, rule, num_workers, epoch + 1, past)
-                if diverged:
-                    # The server refuses non-finite updates, so the center stays finite; going on
-                    # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.
-                    log.warning(
-                        "training diverged in epoch %d (non-finite loss or weights on partitions %s); stopping "
-                        "the fit with the last finite center weights. Lower the learning rate or clip gradients.",
-                        epoch + 1, diverged,
-                    )
-                    sm.model.stop_training = True
-                if sm.model.stop_training:
-                    break
+            finally:
+                progress.stop()
+            logs = aggregate_logs(results)
+            sm.model.set_weights(store.center())
+            if val is not None and validates_after(epoch, validation_freq):
+                val_logs = sm.model.evaluate(
+                    val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
+                    batch_size=validation_batch_size or batch_size, verbose=0, return_dict=True,
+                )
+                logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
+            metrics_after = store.metrics()
+            if sm.mode != "synchronous":
+                mean_tau = _staleness_mean(metrics_before, metrics_after)
+                if mean_tau is not None:
+                    logs["staleness"] = mean_tau
+            metrics_before = metrics_after
+            log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
+            diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
+            cbks.on_epoch_end(epoch, logs)
+            if backup is not None:  # after the callbacks: a rate they set is saved with the epoch
+                for key, value in logs.items():
+                    past.setdefault(key, []).append(float(value))
+                _save_backup(sm, backup, store, rule, num_workers, epoch + 1, past)
+            if diverged:
+                # The server refuses non-finite updates, so the center stays finite; going on
+                # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.
+                log.warning(
+                    "training diverged in epoch %d (non-finite loss or weights on partitions %s); stopping "
+                    "the fit with the last finite center weights. Lower the learning rate or clip gradients.",
+                    epoch + 1, diverged,
+                )
+                sm.model.stop_training = True
+            if sm.model.stop_training:
+                break
         cbks.on_train_end()
         if backup is not None and backup.delete_checkpoint:
             checkpoint.remove(backup.backup_dir)

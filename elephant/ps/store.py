@@ -53,7 +53,7 @@ __all__ = ["CommitKey", "Store", "Snapshot", "StaleAttemptError", "RoundTimeoutE
 _COUNTERS = (
     "commits_applied", "rounds_applied", "replays_dropped", "stale_attempts_fenced",
     "commits_rejected", "pulls", "bytes_in", "bytes_out", "epochs_rolled_back", "commits_rolled_back",
-    "commits_norm_refused",
+    "commits_norm_refused", "samples_applied",
 )
 
 #: Commits whose norms the guard remembers, and how many it needs before it judges.
@@ -196,6 +196,11 @@ class Store(RoundsMixin):
                        staleness=hist, staleness_max=max(hist, default=0), waiting=self._waiting,
                        staleness_mean=sum(t * c for t, c in hist.items()) / total if total else 0.0)
             return out
+
+    @property
+    def samples_applied(self) -> int:
+        """Samples trained in the commits applied so far (read without the lock, for progress displays)."""
+        return self._counts["samples_applied"]
 
     def count_bytes(self, received: int, sent: int) -> None:
         """Add request and response body sizes to the metrics (called by the app)."""
@@ -350,6 +355,7 @@ class Store(RoundsMixin):
         ep.commits[key.partition] += 1
         self._ledger.append((key, attempt))
         self._counts["commits_applied"] += 1
+        self._counts["samples_applied"] += commit.num_samples
         self._staleness[clock_before - commit.base_clock] += 1
 
     def _norm(self, commit: Commit) -> float | None:

@@ -167,3 +167,19 @@ def test_initial_epoch_and_validation_freq_number_epochs_as_keras_does(spark, di
     assert seen == history.epoch == [2, 3, 4]  # epochs 3 to 5 of 5, numbered as Keras numbers them
     assert len(history.history["loss"]) == 3
     assert len(history.history["val_loss"]) == 1  # validated after epoch 4 only (4 % 2 == 0)
+
+
+def test_verbose_prints_keras_own_progress_lines(spark, digits, capsys):
+    x_train, x_test, y_train, y_test = digits
+    sm = SparkModel(digits_model(), num_workers=2, spark=spark)
+    capsys.readouterr()
+    sm.fit(x_train, y_train, epochs=2, batch_size=64, verbose=2, validation_data=(x_test, y_test))
+    out = capsys.readouterr().out
+    steps = -(-len(x_train) // 64)  # model.fit's steps per epoch at this batch size
+    lines = [line for line in out.splitlines() if " - loss: " in line]
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out
+    assert len(lines) == 2, out
+    for line in lines:
+        assert line.startswith(f"{steps}/{steps} ") and all(k in line for k in ("accuracy:", "val_accuracy:", "val_loss:"))
+    sm.fit(x_train, y_train, epochs=1, batch_size=64, verbose=0)
+    assert capsys.readouterr().out == ""
