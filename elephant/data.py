@@ -43,6 +43,8 @@ __all__ = [
     "shipped_blocks",
     "release",
     "dataframe_columns",
+    "selected_dataframe",
+    "arrow_block_reader",
     "arrow_tensor",
     "pack_arrays",
     "unpack_arrays",
@@ -478,6 +480,39 @@ def unpack_arrays(data: bytes) -> tuple:
     return tuple(out)
 
 
+def selected_dataframe(df, features_col: str | Sequence[str], label_col: str | None, weight_col: str | None = None):
+    """``df`` selected to the features (as one array column), the label and the weight, checked.
+
+    Raises:
+        DataError: a column is missing or of a type that cannot hold what it should.
+    """
+    extra = [c for c in (label_col, weight_col) if c]
+    exprs = dataframe_columns(df, features_col, extra)
+    if weight_col and not type(df.schema[weight_col].dataType).__name__.endswith(_NUMERIC):
+        raise DataError(f"`weight_col` {weight_col!r} has type {df.schema[weight_col].dataType.simpleString()}; "
+                        "expected a number per row")
+    return df.select(*exprs)
+
+
+def arrow_block_reader(features_col: str | Sequence[str], label_col: str | None, weight_col: str | None = None):
+    """A function from one Arrow batch of :func:`selected_dataframe`'s columns to a block."""
+    features_name = features_col if isinstance(features_col, str) else "features"
+    has_label, has_weight = label_col is not None, weight_col is not None
+
+    def read(batch) -> tuple:
+        x = arrow_tensor(batch.column(0), features_name)
+        y = arrow_tensor(batch.column(1), label_col, dtype=None) if has_label else None
+        if not has_weight:
+            return x, y
+        weights = batch.column(batch.num_columns - 1)
+        w = weights.fill_null(float("nan")).to_numpy(zero_copy_only=False).astype(np.float32)
+        if not np.all(np.isfinite(w)):
+            raise DataError(f"`weight_col` {weight_col!r} holds null, NaN or infinite weights")
+        return x, y, w
+
+    return read
+
+
 def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | None, weight_col: str | None = None):
     """An RDD of ``(x_block, y_block)`` (``(x_block, y_block, w_block)`` with ``weight_col``) from a DataFrame.
 
@@ -488,35 +523,20 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
     whole-column operations and shipped on as one binary value; a partition's
     blocks are then merged into one. No Row object is made.
     """
-    extra = [c for c in (label_col, weight_col) if c]
-    exprs = dataframe_columns(df, features_col, extra)
-    if weight_col and not type(df.schema[weight_col].dataType).__name__.endswith(_NUMERIC):
-        raise DataError(f"`weight_col` {weight_col!r} has type {df.schema[weight_col].dataType.simpleString()}; "
-                        "expected a number per row")
-    label_name, weight_name = label_col, weight_col
-    has_label, has_weight = label_col is not None, weight_col is not None
+    selected = selected_dataframe(df, features_col, label_col, weight_col)
+    read = arrow_block_reader(features_col, label_col, weight_col)
 
     def to_blocks(batches):
         import pyarrow as pa
 
         for batch in batches:
-            if not batch.num_rows:
-                continue
-            x = arrow_tensor(batch.column(0), "features" if not isinstance(features_col, str) else features_col)
-            y = arrow_tensor(batch.column(1), label_name, dtype=None) if has_label else None
-            block: tuple = (x, y)
-            if has_weight:
-                weights = batch.column(batch.num_columns - 1)
-                w = weights.fill_null(float("nan")).to_numpy(zero_copy_only=False).astype(np.float32)
-                if not np.all(np.isfinite(w)):
-                    raise DataError(f"`weight_col` {weight_name!r} holds null, NaN or infinite weights")
-                block += (w,)
-            yield pa.RecordBatch.from_arrays([pa.array([pack_arrays(block)], pa.binary())], ["block"])
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays([pa.array([pack_arrays(read(batch))], pa.binary())], ["block"])
 
     def merge(rows):
         return concat_blocks(unpack_arrays(row[0]) for row in rows)
 
-    return df.select(*exprs).mapInArrow(to_blocks, "block binary").rdd.mapPartitions(merge)
+    return selected.mapInArrow(to_blocks, "block binary").rdd.mapPartitions(merge)
 
 
 _NUMERIC = ("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")

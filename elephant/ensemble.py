@@ -115,6 +115,7 @@ class Ensemble:
         from elephant import session
 
         self._spark = self._spark or session.get_or_create()
+        session.require_classic(self._spark, "An Ensemble")
         return self._spark
 
     def _ship(self, sc) -> tuple[list, list]:
@@ -187,6 +188,7 @@ class Ensemble:
             return x.mapPartitions(task)
         from elephant.inference import with_predictions
 
+        session.require_classic(x.sparkSession, "Ensemble.predict")
         _, specs = self._ship(x.sparkSession.sparkContext)
 
         def predict(features):
@@ -218,6 +220,8 @@ class Ensemble:
             logs = _scorer(config, out.shape[1:], custom).evaluate(out, y, batch_size=batch_size, verbose=0, return_dict=True)
             parts = [(1, {k: float(v) for k, v in logs.items()})]  # one part: the mean is the value itself
         else:
+            if D.is_dataframe(x):
+                session.require_classic(x.sparkSession, "Ensemble.evaluate")
             rdd = D.dataframe_blocks(x, features_col, label_col) if D.is_dataframe(x) else \
                 x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(self.models[0])))
             broadcasts, specs = self._ship(rdd.context)
@@ -282,6 +286,7 @@ class Ensemble:
         routed = route(fit_kwargs, frozenset())
         settings = elephant_settings(routed.settings)
         spark = spark or session.get_or_create()
+        session.require_classic(spark, "Ensemble.fit")
         settings["num_workers"] = plan_workers(session.task_slots(spark.sparkContext), parallelism,
                                                settings.get("num_workers"))
         seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(n)]

@@ -55,16 +55,21 @@ def _ordered_blocks(x: Any, num_workers: int) -> list[Any]:
 
 def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
             features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
+    if D.is_dataframe(x):
+        if session.is_connect(x.sparkSession):  # no broadcasts: the model travels in the UDF
+            spec = (model_to_bytes(model), model_fingerprint(model), custom_objects or None)
+        else:
+            spec = ModelShipment(x.sparkSession.sparkContext, model, custom_objects).spec()
+        return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)
+    session.require_classic(spark, "predict on numpy arrays or an RDD")
     sc = spark.sparkContext
-    if not (D.is_rdd(x) or D.is_dataframe(x)):
+    if not D.is_rdd(x):
         n = D.num_samples(x)
         if n == 0:
             raise DataError("`x` is empty (0 samples); nothing to predict")
         D.check_features(model, x)
     ship = ModelShipment(sc, model, custom_objects)
     spec = ship.spec()
-    if D.is_dataframe(x):
-        return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)
     if D.is_rdd(x):
         return _predict_rdd(x, spec, batch_size, D.model_input_shapes(model))
 
@@ -234,21 +239,26 @@ def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
 
 def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom_objects=None,
              features_col="features", label_col="label", sample_weight=None, weight_col=None):
-    sc = spark.sparkContext
-    if D.is_dataframe(x):
-        rdd = D.dataframe_blocks(x, features_col, label_col, weight_col)
-    elif D.is_rdd(x):
-        rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
+    connect = D.is_dataframe(x) and session.is_connect(x.sparkSession)
+    if connect:  # DataFrame APIs only: Arrow batches in, one JSON row per partition out
+        spec, ship = (model_to_bytes(model), model_fingerprint(model), custom_objects or None), None
     else:
-        n = D.check_xy(x, y)
-        if y is None:
-            raise DataError("`y` is required to evaluate numpy inputs")
-        D.check_features(model, x)
-        w = sample_weight  # checked by SparkModel.evaluate (D.check_sample_weight)
-        idx = np.array_split(np.arange(n), min(num_workers, n))
-        rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
-    ship = ModelShipment(sc, model, custom_objects)
-    spec = ship.spec()
+        session.require_classic(spark, "evaluate on numpy arrays or an RDD")
+        sc = spark.sparkContext
+        if D.is_dataframe(x):
+            rdd = D.dataframe_blocks(x, features_col, label_col, weight_col)
+        elif D.is_rdd(x):
+            rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
+        else:
+            n = D.check_xy(x, y)
+            if y is None:
+                raise DataError("`y` is required to evaluate numpy inputs")
+            D.check_features(model, x)
+            w = sample_weight  # checked by SparkModel.evaluate (D.check_sample_weight)
+            idx = np.array_split(np.arange(n), min(num_workers, n))
+            rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
+        ship = ModelShipment(sc, model, custom_objects)
+        spec = ship.spec()
 
     def task(blocks):
         from elephant.worker import evaluate_block, weighted_metric_keys
@@ -264,12 +274,30 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
                 out.append((count, logs, count if wb is None else float(np.sum(wb)), weighted_metric_keys(m)))
         return out
 
+    if connect:
+        return combine_partition_logs(_evaluate_arrow(x, task, features_col, label_col, weight_col), return_dict)
     try:
         with session.job_description(sc, "elephant evaluate"):
             parts = rdd.mapPartitions(task).collect()
     finally:
         ship.close()
     return combine_partition_logs(parts, return_dict)
+
+
+def _evaluate_arrow(df, task, features_col, label_col, weight_col) -> list[tuple]:
+    """``task`` over each partition's block, through ``mapInArrow`` (no RDD: works under Spark Connect)."""
+    import json
+
+    read = D.arrow_block_reader(features_col, label_col, weight_col)
+
+    def parts(batches):
+        import pyarrow as pa
+
+        out = task(D.concat_blocks(read(batch) for batch in batches if batch.num_rows))
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(out)])], ["parts"])
+
+    rows = D.selected_dataframe(df, features_col, label_col, weight_col).mapInArrow(parts, "parts string").collect()
+    return [tuple(part) for row in rows for part in json.loads(row[0])]
 
 
 def combine_partition_logs(parts: list[tuple], return_dict: bool) -> Any:

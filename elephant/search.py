@@ -348,6 +348,7 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     params = build_params(build_fn)
     largest = check_space(space, fit_kwargs, params, seed)
     spark = spark or session.get_or_create()
+    session.require_classic(spark, "search")
     slots = session.task_slots(spark.sparkContext)
     default_workers = max(1, slots // parallelism)
     plan_workers(slots, parallelism, largest or default_workers)

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "active", "get_or_create", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots",
     "configured_master", "session_settings", "job_description", "quiet_tensorflow_import", "ps_ports",
+    "is_connect", "require_classic",
 ]
 
 #: What ``spark-submit`` fills in when PySpark starts the JVM for a plain ``python`` process
@@ -29,6 +30,27 @@ SHELL_DEFAULTS = {"spark.master": "local[*]", "spark.app.name": "pyspark-shell",
 #: and the value elephant gives the Python workers it starts when the user set none.
 TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
 TF_LOG_QUIET = "3"
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect client session: no SparkContext, no RDDs, no broadcasts."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark, what: str) -> None:
+    """Raise at once, saying what works instead, when ``what`` needs a SparkContext and ``spark`` is Connect.
+
+    Raises:
+        ConfigError: ``spark`` is a Spark Connect session.
+    """
+    if is_connect(spark):
+        raise ConfigError(
+            f"{what} needs a classic SparkSession (one with a SparkContext); this session is a Spark Connect "
+            "client, which has neither a SparkContext nor RDDs. Under Spark Connect elephant predicts on and "
+            "evaluates DataFrames (SparkModel.predict(df), SparkModel.evaluate(df)); to train, run the script "
+            "with a classic session on the same cluster (spark-submit, or SparkSession.builder.master(...)). "
+            "See docs/cluster.md, 'Spark Connect'."
+        )
 
 
 def active():

@@ -348,12 +348,16 @@ class SparkModel:
         Raises:
             ConfigError: an invalid setting, ``class_weight`` with sample weights,
                 or an argument elephant does not support: ``steps_per_epoch`` and
-                ``validation_steps`` (the error says what to do instead).
+                ``validation_steps`` (the error says what to do instead), or a
+                Spark Connect session (training needs a SparkContext).
             DataError: data or weights that do not fit the model or each other.
         """
         from elephant.fit_loop import run_fit
 
         _refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+        for spark in (self._spark, x.sparkSession if D.is_dataframe(x) else None):
+            if spark is not None:
+                session.require_classic(spark, "SparkModel.fit")
         epochs = _check_positive_int("epochs", epochs)
         batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
         validation_batch_size = batch_size if validation_batch_size is None else \
@@ -400,7 +404,7 @@ class SparkModel:
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_predict_begin()
         out = predict(self.model, x, batch_size, num_workers=self._inference_workers(x),
-                      spark=self.spark, custom_objects=self.custom_objects,
+                      spark=x.sparkSession if D.is_dataframe(x) else self.spark, custom_objects=self.custom_objects,
                       features_col=features_col, prediction_col=prediction_col)
         cbks.on_predict_end()
         return out
@@ -440,7 +444,8 @@ class SparkModel:
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_test_begin()
         logs = evaluate(self.model, x, y, batch_size, return_dict=True,
-                        num_workers=self._inference_workers(x), spark=self.spark,
+                        num_workers=self._inference_workers(x),
+                        spark=x.sparkSession if D.is_dataframe(x) else self.spark,
                         custom_objects=self.custom_objects, features_col=features_col, label_col=label_col,
                         sample_weight=sample_weight, weight_col=weight_col)
         cbks.on_test_end(logs)
@@ -451,6 +456,8 @@ class SparkModel:
             return self.num_workers
         if D.is_rdd(x):
             return x.getNumPartitions()
+        if D.is_dataframe(x) or session.is_connect(self.spark):
+            return 1  # a DataFrame keeps its partitions; under Connect, predict and evaluate say what works
         return max(1, self.spark.sparkContext.defaultParallelism)
 
     # ------------------------------------------------------------- save/load

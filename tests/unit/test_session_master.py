@@ -154,3 +154,25 @@ class FakeContext:
 ])
 def test_the_parameter_server_host_follows_spark_driver_host_off_local(master, conf, expected):
     assert session.ps_host(FakeContext(master, conf)) == expected
+
+
+def test_a_connect_session_is_refused_at_once_where_a_spark_context_is_needed():
+    import pytest as _pytest
+
+    from elephant import session
+    from elephant.errors import ConfigError
+
+    class ConnectSession:  # stands for pyspark.sql.connect.session.SparkSession
+        pass
+
+    ConnectSession.__module__ = "pyspark.sql.connect.session"
+
+    class ClassicSession:
+        pass
+
+    ClassicSession.__module__ = "pyspark.sql.session"
+    assert session.is_connect(ConnectSession()) and not session.is_connect(ClassicSession())
+    session.require_classic(ClassicSession(), "SparkModel.fit")  # nothing to say
+    with _pytest.raises(ConfigError, match=r"SparkModel.fit needs a classic SparkSession .* Spark Connect client.*"
+                                           r"SparkModel.predict\(df\), SparkModel.evaluate\(df\)"):
+        session.require_classic(ConnectSession(), "SparkModel.fit")
