@@ -215,7 +215,8 @@ def epoch_failure(exc: BaseException, epoch: int, epochs: int, tries: int = 1, u
 _NOT_RETRIED = ("DataError", "ConfigError", "FitError", "ProtocolError")
 
 
-def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
+def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int,
+              interrupted: threading.Event | None = None) -> list[dict[str, Any]]:
     """One epoch's Spark job as a transaction; returns the partitions' stats.
 
     If the job fails, the store returns to the epoch's start (center, rule
@@ -227,6 +228,8 @@ def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> lis
 
     Raises:
         FitError: the epoch failed for good (the last Spark error is its cause).
+        KeyboardInterrupt: Ctrl-C cancelled the job (``interrupted`` is set); nothing
+            is rolled back, as for an interrupt anywhere else in the fit.
     """
     snapshot = store.snapshot()
     tries = 0
@@ -238,6 +241,8 @@ def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int) -> lis
         except ElephantError:
             raise
         except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
+            if interrupted is not None and interrupted.is_set():  # Ctrl-C cancelled the job
+                raise KeyboardInterrupt() from None
             tries += 1
             if sm.on_failure == "keep":
                 sm.model.set_weights(store.center())
@@ -523,7 +528,8 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
             )
             progress = LiveProgress(cbks._progbar, store, steps, rdd.elephant_samples).start()
             try:
-                results = run_epoch(sm, store, rdd, spec, barrier, epochs)
+                with session.interrupt_cancels(sc, sm.job_group) as interrupted:
+                    results = run_epoch(sm, store, rdd, spec, barrier, epochs, interrupted)
             finally:
                 progress.stop()
             logs = aggregate_logs(results)

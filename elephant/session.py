@@ -83,6 +83,37 @@ def install_interrupt_handler(sc) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def interrupt_cancels(sc, group: str) -> Iterator[threading.Event]:
+    """Inside the block, Ctrl-C cancels the job group ``group`` and sets the yielded event.
+
+    The cancel runs on a thread of its own: a Py4J call from the signal handler
+    would re-enter the connection that is waiting for the job (PySpark 3.5's own
+    handler does, and the interrupted job then fails with a ``Py4JError`` instead
+    of ``KeyboardInterrupt``). The code waiting for the job sees it fail,
+    finds the event set, and raises ``KeyboardInterrupt``. A second Ctrl-C
+    interrupts at once. Off the main thread the block runs unchanged.
+    """
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def cancel(signum, frame):
+        if interrupted.is_set():
+            raise KeyboardInterrupt()
+        interrupted.set()
+        threading.Thread(target=sc.cancelJobGroup, args=(group,), name="elephant-cancel", daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, cancel)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted.is_set():
+            raise KeyboardInterrupt()
+
+
 # ---------------------------------------------------------------- the session elephant makes
 
 

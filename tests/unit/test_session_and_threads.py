@@ -101,3 +101,30 @@ def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True)
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_ctrl_c_in_a_fit_cancels_its_job_group_from_another_thread_then_interrupts():
+    import signal
+    import threading
+
+    import pytest
+
+    cancelled = []
+
+    class Context:
+        def cancelJobGroup(self, group):
+            cancelled.append((group, threading.current_thread() is threading.main_thread()))
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with session.interrupt_cancels(Context(), "elephant-run") as interrupted:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, and returns
+            deadline = time.monotonic() + 5
+            while not cancelled and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert interrupted.is_set()
+    assert cancelled == [("elephant-run", False)]  # not from the handler's (main) thread
+    assert signal.getsignal(signal.SIGINT) is before
+    with session.interrupt_cancels(Context(), "g") as interrupted:  # no Ctrl-C: nothing happens
+        pass
+    assert not interrupted.is_set() and len(cancelled) == 1
