@@ -534,6 +534,10 @@ def map_large_allocations(threshold: int = MMAP_THRESHOLD) -> bool:
     model, 16 partitions, a peak of 545 MB above the idle server against 85 MB
     with a fixed threshold).
     A fixed threshold returns each large block to the system when it is freed.
+    It is set by a server whose store streams synchronous rounds, and stays set
+    for the process: it costs the asynchronous server about a fifth of its
+    commits per second at 1 MB (``benchmarks/ps_roundtrip.py``, 4-32 clients),
+    which is why only synchronous rounds ask for it.
 
     Leaves the allocator alone where it is not glibc, or where the user set
     ``MALLOC_MMAP_THRESHOLD_`` (glibc's own variable) for this process.
@@ -688,7 +692,8 @@ class PSServer:
             if self._started:
                 raise PSError(f"this parameter server was already started (at {self._host}); create a new PSServer")
             self._started = True
-            map_large_allocations()
+            if self._store.streams_rounds:  # where many bodies arrive at once (see map_large_allocations)
+                map_large_allocations()
             sock = _bind(self._host, self._requested_port)
             try:
                 handler = type("_PSHandler", (_BufferedHandler,), {"timeout": self._idle_timeout})
