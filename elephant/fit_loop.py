@@ -118,15 +118,19 @@ def start_server(app, host: str, ports: Sequence[int], threads: int):
     """
     from elephant.ps.server import PSServer
 
-    for i, port in enumerate(ports):
+    *others, last = ports
+    for port in others:
         try:
             return PSServer(app, host=host, port=port, threads=threads).start()
         except PSError as exc:
-            if "could not bind" not in str(exc) or i == len(ports) - 1:
-                if len(ports) > 1:
-                    raise PSError(f"{exc} (tried {len(ports)} ports of {session.PS_PORTS_KEY})") from None
+            if "could not bind" not in str(exc):
                 raise
-    raise AssertionError("unreachable: ports is never empty")
+    try:
+        return PSServer(app, host=host, port=last, threads=threads).start()
+    except PSError as exc:
+        if others and "could not bind" in str(exc):
+            raise PSError(f"{exc} (tried {len(ports)} ports of {session.PS_PORTS_KEY})") from None
+        raise
 
 
 def _data_job(rdd) -> list:

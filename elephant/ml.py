@@ -107,7 +107,18 @@ class _Reader(DefaultParamsReader):
         return instance
 
 
-class KerasEstimator(Estimator, _KerasParams, MLWritable, MLReadable):
+class _Persisted(MLWritable, MLReadable):
+    """Saved and loaded as its Params plus a ``.keras`` archive (:class:`_Writer`, :class:`_Reader`)."""
+
+    def write(self) -> _Writer:
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> _Reader:
+        return _Reader(cls)
+
+
+class KerasEstimator(Estimator, _KerasParams, _Persisted):
     """Trains a Keras model on a DataFrame with elephant; ``fit`` returns a :class:`KerasModel`.
 
     Args:
@@ -179,20 +190,13 @@ class KerasEstimator(Estimator, _KerasParams, MLWritable, MLReadable):
                               "make it with model=build_fn() to save it")
         return self._keras
 
-    def write(self) -> _Writer:
-        return _Writer(self)
-
-    @classmethod
-    def read(cls) -> _Reader:
-        return _Reader(cls)
-
     def copy(self, extra: Any = None) -> KerasEstimator:
         copied = super().copy(extra)
         copied._keras, copied._build_fn = self._keras, self._build_fn
         return copied
 
 
-class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
+class KerasModel(Model, _KerasParams, _Persisted):
     """A Keras model trained by :class:`KerasEstimator`; ``transform`` adds its predictions.
 
     ``predictionCol`` holds the class index as a double for classifiers (what
@@ -237,13 +241,6 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
     def _model_to_save(self) -> Any:
         return self._keras
 
-    def write(self) -> _Writer:
-        return _Writer(self)
-
-    @classmethod
-    def read(cls) -> _Reader:
-        return _Reader(cls)
-
     def copy(self, extra: Any = None) -> KerasModel:
         copied = super().copy(extra)
         copied._keras, copied.history, copied.fit_plan = self._keras, self.history, self.fit_plan
@@ -255,12 +252,11 @@ def _frequency_value(text: str) -> Any:
 
 
 def _to_numpy(df: Any, features_col: str, label_col: str) -> tuple:
-    """The held-out rows on the driver, as ``(x, y)`` numpy arrays (through Arrow)."""
-    from elephant import data as D
-
-    selected = D.selected_dataframe(df, features_col, label_col)
-    table = selected.toPandas()
+    """The held-out rows on the driver, as ``(x, y)`` numpy arrays."""
     import numpy as np
 
+    from elephant import data as D
+
+    table = D.selected_dataframe(df, features_col, label_col).toPandas()
     x = np.stack([np.asarray(v, dtype=np.float32) for v in table.iloc[:, 0]]) if len(table) else np.empty((0,))
     return x, table.iloc[:, 1].to_numpy()

@@ -10,25 +10,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from elephant import session  # noqa: E402
 
-
-class RecordingBuilder:
-    def __init__(self):
-        self.settings = {}
-
-    def master(self, value):
-        self.settings["master"] = value
-        return self
-
-    def appName(self, value):
-        self.settings["app"] = value
-        return self
-
-    def config(self, key, value):
-        self.settings[key] = value
-        return self
-
-    def getOrCreate(self):
-        return self
+from .helpers import RecordingBuilder  # noqa: E402
 
 
 def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(monkeypatch):

@@ -9,6 +9,8 @@ pyspark = pytest.importorskip("pyspark")
 
 from elephant import session  # noqa: E402
 
+from .helpers import RecordingBuilder  # noqa: E402
+
 SUBMITTED = {"PYSPARK_GATEWAY_PORT": "40000"}  # the driver runs under spark-submit
 PLAIN = {}  # plain python: PySpark starts the JVM as "spark-submit pyspark-shell"
 SHELL_CONF = {"spark.master": "local[*]", "spark.app.name": "pyspark-shell", "spark.ui.showConsoleProgress": "true",
@@ -61,26 +63,6 @@ def test_settings_the_user_configured_are_kept():
     assert "spark.master" not in settings  # local[4] stays, from the conf
     assert not {"spark.driver.host", "spark.log.level", "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL"} & set(settings)
     assert settings["spark.driver.bindAddress"] == "127.0.0.1"
-
-
-class RecordingBuilder:
-    def __init__(self):
-        self.settings = {}
-
-    def master(self, value):
-        self.settings["master"] = value
-        return self
-
-    def appName(self, value):
-        self.settings["app"] = value
-        return self
-
-    def config(self, key, value):
-        self.settings[key] = value
-        return self
-
-    def getOrCreate(self):
-        return self
 
 
 @pytest.fixture
