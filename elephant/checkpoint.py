@@ -178,6 +178,23 @@ def _fsync_dir(directory: str) -> None:
 
 
 # ------------------------------------------------------------ rule states
+def encode_state(value: Any) -> tuple[Any, list[np.ndarray]]:
+    """A rule's server state as ``(a JSON structure, its arrays)``; no pickle.
+
+    Raises:
+        TypeError: the state holds a value other than None, bools, numbers,
+            strings, arrays, lists, tuples, dicts and dataclasses of those.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    structure = _encode(value, tensors)
+    return structure, [tensors[f"state/{i}"] for i in range(len(tensors))]
+
+
+def decode_state(structure: Any, arrays: list[np.ndarray], rule_module: str) -> Any:
+    """The state of :func:`encode_state` (dataclasses only from elephant or ``rule_module``)."""
+    return _decode(structure, {f"state/{i}": a for i, a in enumerate(arrays)}, rule_module)
+
+
 def _encode(value: Any, tensors: dict[str, np.ndarray]) -> Any:
     """A JSON structure for ``value``; its arrays go to ``tensors`` as ``state/N``."""
     if value is None or isinstance(value, (bool, str)):

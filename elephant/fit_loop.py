@@ -183,6 +183,61 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     return stage.mapPartitions(task).collect()
 
 
+class ClassicRun:
+    """The Spark side of a fit in a classic session: cached blocks, a broadcast model, the server here.
+
+    The training data become an RDD of numpy blocks cached on the executors,
+    the model archive one broadcast, and the parameter server runs in this
+    process on :func:`elephant.session.ps_host`; each epoch is one job
+    (a barrier stage in synchronous mode) in the fit's job group.
+    """
+
+    def __init__(self, sm, spark, x, y, **data):
+        self.sc = spark.sparkContext
+        self.rdd, self.num_workers, self.val = training_rdd(sm, self.sc, x, y, **data)
+        self.samples = self.rdd.elephant_samples
+        self._sm, self._server, self._broadcast, self._group = sm, None, None, None
+
+    def check_slots(self) -> None:
+        sm = self._sm
+        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc), sm.optimizer.staleness_bound,
+                                    sm.mode)
+
+    def open(self, store, token: str, run: str, model_bytes: bytes) -> tuple[Any, str]:
+        """Broadcast the model and start the server: ``(the tasks' model_bytes, the server's url)``."""
+        from elephant.ps.app import create_app
+
+        sc = self.sc
+        self._broadcast = sc.broadcast(model_bytes)
+        self._group = self._sm.job_group = f"elephant-{run}"
+        sc.setJobGroup(self._group, f"elephant fit {run}", interruptOnCancel=True)
+        app = create_app(store, token, max_body_bytes=4 * W.nbytes(store.template) + (1 << 20))
+        self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4)
+        return self._broadcast, self._server.url
+
+    def epoch(self, store, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
+        def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
+            with session.job_description(self.sc, text):
+                return _epoch_job(self.rdd, spec, barrier)
+
+        with session.interrupt_cancels(self.sc, self._group) as interrupted:
+            return run_epoch(self._sm, store, job, spec, barrier, epochs, interrupted)
+
+    def cancel(self) -> None:
+        """Stop the fit's running jobs (an interrupted or failed fit must not train against a dead server)."""
+        if self._group is not None:
+            self.sc.cancelJobGroup(self._group)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        if self._group is not None:
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+        if self._broadcast is not None:
+            self._broadcast.unpersist()
+        D.release(self.rdd)
+
+
 _CAUSE = re.compile(r"^((?:\w+\.)*(\w+(?:Error|Exception|Interrupt))): (.+)$", re.MULTILINE)
 
 
@@ -219,9 +274,9 @@ def epoch_failure(exc: BaseException, epoch: int, epochs: int, tries: int = 1, u
 _NOT_RETRIED = ("DataError", "ConfigError", "FitError", "ProtocolError")
 
 
-def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int,
+def run_epoch(sm, store, job, spec: TaskSpec, barrier: bool, epochs: int,
               interrupted: threading.Event | None = None) -> list[dict[str, Any]]:
-    """One epoch's Spark job as a transaction; returns the partitions' stats.
+    """One epoch's Spark job, ``job(spec, description)``, as a transaction; returns the partitions' stats.
 
     If the job fails, the store returns to the epoch's start (center, rule
     state, bookkeeping) under a new run id that fences out the failed try's
@@ -240,8 +295,7 @@ def run_epoch(sm, store, rdd, spec: TaskSpec, barrier: bool, epochs: int,
     while True:
         try:
             text = f"elephant fit {spec.run}: epoch {spec.epoch + 1} of {epochs}" + (f", try {tries + 1}" if tries else "")
-            with session.job_description(rdd.context, text):
-                return _epoch_job(rdd, spec, barrier)
+            return job(spec, text)
         except ElephantError:
             raise
         except Exception as exc:  # a Spark job failure (Py4JJavaError, PythonException, ...)
@@ -448,24 +502,39 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
                 f"validation_split={validation_split!r} and validation_data of {len(validation_data)} items"
             )
         D.check_validation_data(sm.model, validation_data)
-    spark = sm.spark
-    sc = spark.sparkContext
-    rdd, num_workers, val = training_rdd(
-        sm, sc, x, y, features_col=features_col, label_col=label_col, validation_split=validation_split,
-        sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col,
-    )
-    if validation_data is not None:
-        val = tuple(validation_data)
-    barrier = sm.mode == "synchronous"
-    try:
-        session.check_barrier_slots(num_workers, session.task_slots(sc), sm.optimizer.staleness_bound, sm.mode)
-    except ConfigError:
-        D.release(rdd)
-        raise
+    data = dict(features_col=features_col, label_col=label_col, validation_split=validation_split,
+                sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col)
+    if fit_session(sm, x) is not None:  # a Spark Connect client: the server is hosted by a task
+        from elephant.connect_fit import HostedRun
 
-    from elephant.ps.app import create_app
-    from elephant.ps.server import PSServer
+        runner = HostedRun(sm, fit_session(sm, x), x, y, **data)
+    else:
+        runner = ClassicRun(sm, sm.spark, x, y, **data)
+    try:
+        return _train(sm, runner, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
+                      callbacks=callbacks, verbose=verbose, shuffle=shuffle, initial_epoch=initial_epoch,
+                      validation_freq=validation_freq, validation_batch_size=validation_batch_size)
+    finally:
+        runner.close()
+
+
+def fit_session(sm, x):
+    """The Spark Connect session a fit of ``x`` runs in, else None (a classic session)."""
+    for spark in (x.sparkSession if D.is_dataframe(x) else None, sm._spark):
+        if spark is not None and session.is_connect(spark):
+            return spark
+    return None
+
+
+def _train(sm, runner, *, epochs, batch_size, validation_data, callbacks, verbose, shuffle, initial_epoch,
+           validation_freq, validation_batch_size):
+    """The epochs of a fit whose data ``runner`` holds: server, callbacks, validation, backups."""
     from elephant.ps.store import Store
+
+    num_workers, samples = runner.num_workers, runner.samples
+    val = tuple(validation_data) if validation_data is not None else runner.val
+    barrier = sm.mode == "synchronous"
+    runner.check_slots()
 
     rule = sm.optimizer.for_fit(sm.model.optimizer, num_workers, sm.splits_batch, sm.window)
     warning = rule.setup_warning(sm.window, num_workers, sm.splits_batch)
@@ -490,31 +559,21 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
     run = uuid.uuid4().hex[:12]
     token = secrets.token_urlsafe(32)
     backup, callbacks = checkpoint.find_backup(callbacks)
-    try:
-        initial_epoch, rule_state, past = resume_from_backup(sm, backup, rule, num_workers, initial_epoch)
-    except BaseException:
-        D.release(rdd)
-        raise
+    initial_epoch, rule_state, past = resume_from_backup(sm, backup, rule, num_workers, initial_epoch)
     center = sm.model.get_weights()
     store = Store(center, rule, sm.mode, num_workers, run, round_timeout=sm.read_timeout, state=rule_state,
                   norm_guard=sm.norm_guard)
-    app = create_app(store, token, max_body_bytes=4 * W.nbytes(center) + (1 << 20))
-    ports = session.ps_ports(sc)
-    model_bytes = model_to_bytes(sm.model)
     fingerprint = model_fingerprint(sm.model)
     structure = replica_structure(sm.model, sm.custom_objects)
-    broadcast = sc.broadcast(model_bytes)
-    sm.job_group = f"elephant-{run}"
-    sc.setJobGroup(sm.job_group, f"elephant fit {run}", interruptOnCancel=True)
-    steps = -(-rdd.elephant_samples // batch_size)  # Keras' steps of the global batch
+    steps = -(-samples // batch_size)  # Keras' steps of the global batch
     cbks, history = _callback_list(sm, callbacks, epochs, verbose, steps)
     sm.model.stop_training = False
-    server = None
     try:
-        server = start_server(app, session.ps_host(sc), ports, 2 * num_workers + 4)
-        sm.ps_url = server.url
-        log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
-                 run, server.url, num_workers, sm.mode, rule, sm.window)
+        model_bytes, url = runner.open(store, token, run, model_to_bytes(sm.model))
+        sm.ps_url = url or None
+        if url:
+            log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
+                     run, url, num_workers, sm.mode, rule, sm.window)
         cbks.on_train_begin()
         metrics_before = store.metrics()
         rate = settable_learning_rate(sm.model.optimizer)
@@ -523,17 +582,16 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
             rate = _follow_learning_rate(sm.model.optimizer, rate, store)
             t0 = time.perf_counter()
             spec = TaskSpec(
-                run=run, epoch=epoch, model_bytes=broadcast, fingerprint=fingerprint,
+                run=run, epoch=epoch, model_bytes=model_bytes, fingerprint=fingerprint,
                 optimizer=rule, window=sm.window, batch_size=worker_batch, mode=sm.mode,
-                ps_url=server.url, token=token, read_timeout=sm.read_timeout + 30.0,
+                ps_url=url, token=token, read_timeout=sm.read_timeout + 30.0,
                 custom_objects=sm.custom_objects or None, shuffle=shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=sm.overlap,
                 learning_rate=rate, ps_run=store.run,
             )
-            progress = LiveProgress(cbks._progbar, store, steps, rdd.elephant_samples).start()
+            progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             try:
-                with session.interrupt_cancels(sc, sm.job_group) as interrupted:
-                    results = run_epoch(sm, store, rdd, spec, barrier, epochs, interrupted)
+                results = runner.epoch(store, spec, barrier, epochs)
             finally:
                 progress.stop()
             logs = aggregate_logs(results)
@@ -572,15 +630,9 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         if backup is not None and backup.delete_checkpoint:
             checkpoint.remove(backup.backup_dir)
     except BaseException:
-        # An interrupted or failed fit must not leave tasks training against a dead server.
-        sc.cancelJobGroup(sm.job_group)
+        runner.cancel()
         raise
     finally:
         sm.last_metrics = store.metrics()
         sm.last_ledger = store.ledger()
-        if server is not None:
-            server.stop()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        broadcast.unpersist()
-        D.release(rdd)
     return history

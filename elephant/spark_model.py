@@ -345,19 +345,20 @@ class SparkModel:
         ``initial_epoch`` to ``epochs - 1`` are trained, and History and the
         callbacks see those numbers).
 
+        With a Spark Connect session ``x`` must be a DataFrame: each epoch is
+        one barrier stage whose first task hosts the parameter server
+        (:mod:`elephant.connect_fit`).
+
         Raises:
             ConfigError: an invalid setting, ``class_weight`` with sample weights,
                 or an argument elephant does not support: ``steps_per_epoch`` and
-                ``validation_steps`` (the error says what to do instead), or a
-                Spark Connect session (training needs a SparkContext).
+                ``validation_steps`` (the error says what to do instead), or
+                numpy or RDD inputs with a Spark Connect session.
             DataError: data or weights that do not fit the model or each other.
         """
         from elephant.fit_loop import run_fit
 
         _refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
-        for spark in (self._spark, x.sparkSession if D.is_dataframe(x) else None):
-            if spark is not None:
-                session.require_classic(spark, "SparkModel.fit")
         epochs = _check_positive_int("epochs", epochs)
         batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
         validation_batch_size = batch_size if validation_batch_size is None else \

@@ -47,7 +47,7 @@ from elephant.ps.wire import CommitKey, all_finite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommitKey", "Store", "Snapshot", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
+__all__ = ["CommitKey", "Store", "Snapshot", "Outcome", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
            "RolledBackError", "NormGuardError", "ssp_admitted"]
 
 _COUNTERS = (
@@ -92,6 +92,23 @@ class Snapshot:
     latest_epoch: int | None
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a store served since it was made: handed from a store hosted elsewhere to :meth:`Store.absorb`.
+
+    A fit from a Spark Connect client serves each epoch from a store inside a
+    Spark task (:mod:`elephant.connect_fit`); the client's own store takes the
+    epoch's result from it.
+    """
+
+    center: list
+    state: Any
+    clock: int
+    ledger: list
+    counts: dict
+    staleness: dict
+
+
 def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
     out = [np.asarray(a) for a in arrays]
     for a in out:
@@ -121,6 +138,8 @@ class Store(RoundsMixin):
             wait before :class:`RoundTimeoutError`. Default 600.
         state: the rule's server state to start from (a resumed fit);
             default ``optimizer.server_init(center, num_workers)``.
+        clock: the clock to start from (a store that goes on from another's
+            :class:`Outcome`). Default 0.
         norm_guard: refuse a commit whose L2 norm exceeds ``norm_guard``
             times the median of the last 64 accepted ones (once 16 were
             accepted), with :class:`NormGuardError`. Default None (off).
@@ -131,7 +150,7 @@ class Store(RoundsMixin):
 
     def __init__(self, center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mode: str,
                  num_workers: int, run: str, round_timeout: float = 600.0, state: Any = None,
-                 norm_guard: float | None = None):
+                 norm_guard: float | None = None, clock: int = 0):
         if mode not in MODES:
             raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
         if mode not in optimizer.modes:
@@ -151,7 +170,7 @@ class Store(RoundsMixin):
         self._norm_guard = None if norm_guard is None else float(norm_guard)
         self._norms: collections.deque[float] = collections.deque(maxlen=NORM_WINDOW)
         self._state = optimizer.server_init(self.center(), num_workers) if state is None else state
-        self._clock = 0
+        self._clock = _int_arg("clock", clock)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._bytes_lock = threading.Lock()
@@ -233,6 +252,25 @@ class Store(RoundsMixin):
             return Snapshot(center=list(self._center), state=copy.deepcopy(self._state), clock=self._clock,
                             ledger_size=len(self._ledger), epochs=frozenset(self._epochs),
                             latest_epoch=self._latest_epoch)
+
+    def outcome(self) -> Outcome:
+        """The center, the rule's state, the clock, the applied keys and the counters, for :meth:`absorb`."""
+        with self._cond, self._bytes_lock:
+            return Outcome(center=list(self._center), state=copy.deepcopy(self._state), clock=self._clock,
+                           ledger=list(self._ledger), counts=dict(self._counts), staleness=dict(self._staleness))
+
+    def absorb(self, outcome: Outcome) -> None:
+        """Go on from ``outcome``, an epoch served by another store that started from this one's state.
+
+        The center, the rule's state and the clock become the outcome's; its
+        applied keys and counters are added to this store's.
+        """
+        with self._cond, self._bytes_lock:
+            self._center = _freeze(outcome.center)
+            self._state, self._clock = outcome.state, outcome.clock
+            self._ledger.extend(outcome.ledger)
+            self._counts.update(outcome.counts)
+            self._staleness.update(outcome.staleness)
 
     def rollback(self, snapshot: Snapshot, run: str) -> int:
         """Undo everything applied since ``snapshot`` and serve the new run id ``run`` from now on.

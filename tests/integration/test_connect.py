@@ -4,8 +4,10 @@ The server (``sbin/start-connect-server.sh``, ``local[2]``, loopback) runs in it
 own process group; the client is a separate Python process, as a notebook talking
 to a cluster would be. It trains a small model with plain Keras, then asks
 elephant to predict on and evaluate a DataFrame through Connect (DataFrame APIs
-only: an Arrow UDF and ``mapInArrow``), and to fit, which needs a SparkContext
-and must fail at once saying what to use instead.
+only: an Arrow UDF and ``mapInArrow``), and to train on it in both modes: each
+epoch a barrier ``mapInArrow`` stage whose first task hosts the parameter
+server. A fault in one epoch is rolled back and trained again; numpy input is
+refused at once, saying what to use instead.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 START = SPARK_HOME / "sbin" / "start-connect-server.sh"
-BUDGET = 150.0
+BUDGET = 300.0
 
 pytestmark = pytest.mark.skipif(not START.exists(), reason=f"the pyspark wheel has no {START}")
 
 CLIENT = r'''
-import json, sys
+import json, os, sys
 import numpy as np
 import keras
 import pyarrow as pa
@@ -39,7 +41,7 @@ from pyspark.sql import SparkSession
 from sklearn.datasets import load_digits
 
 from elephant import SparkModel
-from elephant.errors import ConfigError
+from elephant.errors import ConfigError, FitError
 
 spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
 x, y = load_digits(return_X_y=True)
@@ -61,12 +63,35 @@ out = {"columns": predicted.columns,
        "max_abs_diff": float(np.abs(np.stack(rows.to_numpy()) - model.predict(x, verbose=0)).max()),
        "evaluate": sm.evaluate(df, batch_size=128, return_dict=True),
        "keras": model.evaluate(x, y, batch_size=128, verbose=0, return_dict=True)}
-for name, call in (("fit", lambda: sm.fit(df, epochs=1)), ("predict_numpy", lambda: sm.predict(x))):
+for name, call in (("fit_numpy", lambda: sm.fit(x, y, epochs=1)), ("predict_numpy", lambda: sm.predict(x))):
     try:
         call()
         out[name] = None
     except ConfigError as exc:
         out[name] = str(exc)
+
+
+def fit(mode, epochs=3, **kwargs):
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                            keras.layers.Dense(10, activation="softmax")])
+    net.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    trainer = SparkModel(net, spark=spark, mode=mode, num_workers=2, **kwargs)
+    history = trainer.fit(df, epochs=epochs, batch_size=64, verbose=0, validation_data=(x[:300], y[:300]))
+    return {"history": history.history, "accuracy": net.evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
+            "commits": trainer.last_metrics["commits_applied"], "ledger": len(trainer.last_ledger),
+            "rolled_back": trainer.last_metrics["epochs_rolled_back"], "plan": trainer.fit_plan["num_workers"]}
+
+
+out["fits"] = {mode: fit(mode) for mode in ("synchronous", "asynchronous")}
+os.environ["ELEPHANT_FAULT"] = f"partition=1,step=2,kind=raise,marker={sys.argv[2]}"  # once: the epoch is trained again
+out["fault_once"] = fit("synchronous", epochs=2)
+os.environ["ELEPHANT_FAULT"] = "partition=1,step=2,kind=raise"  # on every try
+try:
+    fit("synchronous", epochs=2, epoch_retries=1)
+    out["fault_always"] = None
+except FitError as exc:
+    out["fault_always"] = str(exc)
 print("RESULT " + json.dumps(out))
 '''
 
@@ -121,11 +146,11 @@ def connect_server(tmp_path):
 
 
 @pytest.mark.timeout(BUDGET + 30)
-def test_a_connect_client_predicts_and_evaluates_dataframes_and_is_told_how_to_train(connect_server, tmp_path):
+def test_a_connect_client_predicts_evaluates_and_trains_on_dataframes(connect_server, tmp_path):
     url, env = connect_server
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
-    run = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=BUDGET,
+    run = subprocess.run([sys.executable, str(script), url, str(tmp_path / "fault-marker")], capture_output=True, text=True, timeout=BUDGET,
                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=tmp_path)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, run.stderr[-4000:]
@@ -134,5 +159,15 @@ def test_a_connect_client_predicts_and_evaluates_dataframes_and_is_told_how_to_t
     assert out["max_abs_diff"] < 1e-5  # the same model's own predictions, row for row
     for key in ("loss", "accuracy"):
         assert out["evaluate"][key] == pytest.approx(out["keras"][key], rel=1e-5)
-    assert "SparkModel.fit needs a classic SparkSession" in out["fit"] and "Spark Connect client" in out["fit"]
+    assert "under Spark Connect SparkModel.fit trains on a DataFrame" in out["fit_numpy"]
     assert "SparkModel.predict(df)" in out["predict_numpy"]
+    for mode, result in out["fits"].items():  # each epoch a barrier stage whose task 0 hosts the server
+        losses = result["history"]["loss"]
+        assert losses[2] < losses[1] < losses[0], (mode, losses)
+        assert result["accuracy"] > 0.85, (mode, result)
+        assert result["history"]["val_accuracy"][-1] > 0.8, (mode, result)
+        assert result["commits"] > 0 and result["ledger"] == result["commits"] and result["plan"] == 2, (mode, result)
+    once = out["fault_once"]
+    assert once["rolled_back"] == 1 and len(once["history"]["loss"]) == 2 and once["accuracy"] > 0.7, once
+    assert "epoch 1 of 2 failed in Spark 2 times" in out["fault_always"], out["fault_always"]
+    assert "injected fault in partition 1" in out["fault_always"], out["fault_always"]

@@ -1,0 +1,307 @@
+"""A fit from a Spark Connect client: the parameter server is hosted by a task of each epoch.
+
+Under Spark Connect the Python process that calls ``fit`` is a client with no
+SparkContext, and the executors usually cannot reach it, so the server cannot
+live there as it does in a classic session. Each epoch is instead one barrier
+``mapInArrow`` stage over the training DataFrame, one task per worker, and the
+stage's task 0 serves the epoch:
+
+1. the client's :class:`~elephant.ps.store.Store` holds the center, the rule's
+   state and the clock between epochs; the epoch's closure carries them (and
+   the model archive, the token and the rule) to the tasks;
+2. task 0 starts a store and a server from them on its executor's address,
+   and every task learns the address through ``BarrierTaskContext.allGather``;
+3. every task trains its partition against that server, as in a classic fit;
+4. after a ``barrier()`` (every partition done) task 0 stops the server and
+   returns the store's :class:`~elephant.ps.store.Outcome`, which the client's
+   store absorbs; validation, callbacks and backups then run on the client.
+
+An epoch is a transaction by construction: a failed stage leaves the client's
+store at the epoch's start, and the epoch is trained again as a failed
+synchronous epoch is (``SparkModel(epoch_retries=)``). Every mode runs as a
+barrier stage, since the server lives only as long as the stage's tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from typing import Any
+
+import numpy as np
+
+from elephant import checkpoint
+from elephant import data as D
+from elephant import session
+from elephant import weights as W
+from elephant.errors import ConfigError, DataError
+from elephant.worker import TaskSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HostedRun", "connect_slots"]
+
+_LOCAL = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+
+
+def connect_slots(conf: dict[str, str | None]) -> int | None:
+    """How many tasks the cluster behind a Connect session runs at once, from its conf; None if it does not say.
+
+    A client cannot ask the cluster for its executors, so this reads what the
+    conf states: ``local[N]``, ``local-cluster[N,C,M]``, else
+    ``spark.executor.instances`` x ``spark.executor.cores``, divided by
+    ``spark.task.cpus``.
+    """
+    master = (conf.get("spark.master") or "").strip()
+    cpus = max(1, int(conf.get("spark.task.cpus") or 1))
+    cores = None
+    if master == "local":
+        cores = 1
+    elif m := _LOCAL.match(master):
+        cores = int(m.group(1))
+    elif m := _LOCAL_CLUSTER.match(master):
+        cores = int(m.group(1)) * int(m.group(2))
+    elif conf.get("spark.executor.instances") and conf.get("spark.executor.cores"):
+        cores = int(conf["spark.executor.instances"]) * int(conf["spark.executor.cores"])
+    return None if cores is None else max(1, cores // cpus)
+
+
+def _conf(spark, keys) -> dict[str, str | None]:
+    return {key: spark.conf.get(key, None) for key in keys}
+
+
+_CONF_KEYS = ("spark.master", "spark.task.cpus", "spark.executor.instances", "spark.executor.cores",
+              session.PS_PORTS_KEY)
+
+
+class HostedRun:
+    """The Spark side of a fit from a Spark Connect client (see the module's docstring).
+
+    Raises:
+        ConfigError: ``x`` is not a DataFrame, or the number of workers is
+            unknown or more than the cluster runs at once.
+        DataError: the DataFrame's columns or rows do not fit the model.
+    """
+
+    def __init__(self, sm, spark, x, y, *, features_col, label_col, validation_split, sample_weight=None,
+                 class_weight=None, weight_col=None):
+        if not D.is_dataframe(x):
+            raise ConfigError(
+                f"under Spark Connect SparkModel.fit trains on a DataFrame; received x of type {type(x).__name__}. "
+                "Make one with spark.createDataFrame (features as an array or Vector column, a label column), "
+                "or run the script with a classic SparkSession to train on numpy arrays or RDDs")
+        if y is not None:
+            raise DataError("`y` must be None when `x` is a DataFrame (labels travel inside `x`, in `label_col`)")
+        if validation_split:
+            raise ConfigError("`validation_split` works with numpy inputs only; for a DataFrame pass "
+                              f"validation_data=(x_val, y_val); received validation_split={validation_split!r}")
+        if sample_weight is not None:
+            raise DataError("`sample_weight` must be None when `x` is a DataFrame: name a column of weights "
+                            "with `weight_col`")
+        self.spark, self.val = spark, None
+        self._conf = _conf(spark, _CONF_KEYS)
+        self._sm = sm
+        slots = connect_slots(self._conf)
+        self.num_workers = sm.num_workers or slots
+        if self.num_workers is None:
+            raise ConfigError(
+                f"under Spark Connect elephant cannot see how many tasks the cluster runs at once (spark.master="
+                f"{self._conf['spark.master']!r}); pass SparkModel(num_workers=N) with N at most the cluster's "
+                "task slots")
+        if slots is not None and self.num_workers > slots:
+            raise ConfigError(
+                f"under Spark Connect every worker of an epoch runs at once (one of them hosts the parameter "
+                f"server), but num_workers={self.num_workers} exceeds the {slots} task slots of this cluster; "
+                "lower num_workers")
+        self._blocks = _block_stream(D.arrow_block_reader(features_col, label_col, weight_col), class_weight)
+        self.df = D.selected_dataframe(x, features_col, label_col, weight_col).repartition(self.num_workers).cache()
+        self._tag = None
+        try:
+            self.samples = self._check(sm.model)
+        except BaseException:
+            self.df.unpersist()
+            raise
+
+    def _check(self, model) -> int:
+        """Read and cache the data once: the number of samples, checked against the model."""
+        blocks = self._blocks
+
+        def summary(batches):
+            import pyarrow as pa
+
+            block = next(D.concat_blocks(blocks(batches)), None)
+            found = [] if block is None else [D.num_samples(block[0]), [list(a.shape[1:]) for a in D._leaves(block[0])]]
+            yield pa.RecordBatch.from_arrays([pa.array([json.dumps(found)])], ["summary"])
+
+        try:
+            rows = self.df.mapInArrow(summary, "summary string").collect()
+        except Exception as exc:
+            _raise_data_error(exc)
+            raise
+        parts = [json.loads(row[0]) for row in rows]
+        parts = [p for p in parts if p]
+        if not parts or sum(p[0] for p in parts) == 0:
+            raise DataError("`x` holds no samples; elephant needs at least one sample to train")
+        shapes = [tuple(s) for s in parts[0][1]]
+        D.check_features(model, [np.empty((0,) + s) for s in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
+        return sum(p[0] for p in parts)
+
+    def check_slots(self) -> None:
+        """Checked when the run was made (every mode needs all its workers at once here)."""
+
+    def open(self, store, token: str, run: str, model_bytes: bytes) -> tuple[Any, str]:
+        """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""
+        self._tag = self._sm.job_group = f"elephant-{run}"
+        self.spark.addTag(self._tag)
+        self._token, self._max_body = token, 4 * W.nbytes(store.template) + (1 << 20)
+        return model_bytes, ""
+
+    def epoch(self, store, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
+        from elephant.fit_loop import run_epoch
+
+        def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
+            results, outcome = self._epoch_job(store, spec)
+            store.absorb(outcome)
+            return results
+
+        return run_epoch(self._sm, store, job, spec, True, epochs)
+
+    def _epoch_job(self, store, spec: TaskSpec):
+        sm, blocks = self._sm, self._blocks
+        start = store.snapshot()
+        hosting = _Hosting(center=start.center, state=start.state, clock=start.clock, num_workers=self.num_workers,
+                           round_timeout=sm.read_timeout, norm_guard=sm.norm_guard, max_body=self._max_body,
+                           ports=session.parse_ports(self._conf[session.PS_PORTS_KEY]))
+
+        def task(batches):
+            import pyarrow as pa
+
+            stats, outcome = _train_hosted(spec, hosting, blocks(batches))
+            yield pa.RecordBatch.from_arrays([pa.array([encode_result(stats, outcome)], pa.binary())], ["result"])
+
+        rows = self.df.mapInArrow(task, "result binary", barrier=True).collect()
+        results = [decode_result(row[0], type(spec.optimizer).__module__) for row in rows]
+        outcome = next(r[1] for r in results if r[1] is not None)
+        return [stats for r in results for stats in r[0]], outcome
+
+    def cancel(self) -> None:
+        if self._tag is not None:
+            self.spark.interruptTag(self._tag)
+
+    def close(self) -> None:
+        if self._tag is not None:
+            self.spark.removeTag(self._tag)
+        self.df.unpersist()
+
+
+def _block_stream(read, class_weight):
+    """A function from a task's Arrow batches to its blocks, with class weights added (no reference to the run)."""
+    add = D.add_class_weights(class_weight) if class_weight is not None else None
+
+    def blocks(batches):
+        for batch in batches:
+            if batch.num_rows:
+                yield add(read(batch)) if add is not None else read(batch)
+
+    return blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hosting:
+    """What task 0 needs to serve an epoch: the store's start and the server's settings."""
+
+    center: list
+    state: Any
+    clock: int
+    num_workers: int
+    round_timeout: float
+    norm_guard: float | None
+    max_body: int
+    ports: list
+
+
+def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]:
+    """One barrier task of a hosted epoch: ``(the partition's stats, the store's Outcome or None)``."""
+    from pyspark import BarrierTaskContext
+
+    from elephant import worker
+    from elephant.fit_loop import start_server
+    from elephant.ps.app import create_app
+    from elephant.ps.client import PSClient
+    from elephant.ps.store import Store
+
+    ctx = BarrierTaskContext.get()
+    partition, server, store = ctx.partitionId(), None, None
+    try:
+        if partition == 0:
+            store = Store(hosting.center, spec.optimizer, spec.mode, hosting.num_workers, spec.commit_run,
+                          round_timeout=hosting.round_timeout, state=hosting.state, norm_guard=hosting.norm_guard,
+                          clock=hosting.clock)
+            app = create_app(store, spec.token, max_body_bytes=hosting.max_body)
+            host = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
+            server = start_server(app, host, hosting.ports, 2 * hosting.num_workers + 4)
+        url = ctx.allGather(server.url if server is not None else "")[0]
+        here = dataclasses.replace(spec, ps_url=url)
+        with PSClient(url, spec.token, read_timeout=spec.read_timeout) as client:
+            stats = worker.run_partition(here, partition, ctx.taskAttemptId(), blocks, client, ctx.cpus())
+        ctx.barrier()  # every partition has finished: the store holds the whole epoch
+        return stats, store.outcome() if store is not None else None
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python numbers, for JSON."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a value of type {type(value).__name__}")
+
+
+def encode_result(stats: list[dict], outcome) -> bytes:
+    """A task's stats and (task 0's) store outcome as bytes: a JSON header, then the arrays. No pickle."""
+    header: dict[str, Any] = {"stats": stats, "outcome": None}
+    arrays: list[np.ndarray] = []
+    if outcome is not None:
+        structure, state_arrays = checkpoint.encode_state(outcome.state)
+        header["outcome"] = {
+            "clock": outcome.clock, "counts": outcome.counts, "state": structure,
+            "staleness": [[int(k), v] for k, v in outcome.staleness.items()],
+            "ledger": [[list(key), attempt] for key, attempt in outcome.ledger],
+            "center": len(outcome.center),
+        }
+        arrays = list(outcome.center) + state_arrays
+    text = json.dumps(header, default=_plain).encode()
+    return len(text).to_bytes(4, "little") + text + D.pack_arrays(arrays)
+
+
+def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
+    """``(stats, Outcome or None)`` of :func:`encode_result`."""
+    from elephant.ps.store import Outcome
+    from elephant.ps.wire import CommitKey
+
+    size = int.from_bytes(data[:4], "little")
+    header = json.loads(data[4:4 + size])
+    arrays = list(D.unpack_arrays(data[4 + size:]))
+    found = header["outcome"]
+    if found is None:
+        return header["stats"], None
+    count = found["center"]
+    outcome = Outcome(
+        center=arrays[:count], state=checkpoint.decode_state(found["state"], arrays[count:], rule_module),
+        clock=found["clock"], ledger=[(CommitKey(*key), attempt) for key, attempt in found["ledger"]],
+        counts=found["counts"], staleness={k: v for k, v in found["staleness"]},
+    )
+    return header["stats"], outcome
+
+
+def _raise_data_error(exc: BaseException) -> None:
+    """Raise a ``DataError`` of a Connect job's task again as itself."""
+    from elephant.fit_loop import spark_failure_cause
+
+    cause = spark_failure_cause(exc)
+    if cause.startswith("DataError: "):
+        raise DataError(cause[len("DataError: "):]) from exc

@@ -1,0 +1,88 @@
+"""The pieces of a fit from a Spark Connect client that run without Spark: slots, results, store hand-over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elephant.connect_fit import connect_slots, decode_result, encode_result
+from elephant.optimizers import Commit, Downpour, ModelAveraging
+from elephant.optimizers.dcasgd import DCASGDState
+from elephant.ps.store import CommitKey, Store
+
+
+@pytest.mark.parametrize("conf, slots", [
+    ({"spark.master": "local[2]"}, 2),
+    ({"spark.master": "local[4, 3]"}, 4),  # with task retries
+    ({"spark.master": "local"}, 1),
+    ({"spark.master": "local-cluster[2,1,1024]"}, 2),
+    ({"spark.master": "local-cluster[3, 2, 2048]", "spark.task.cpus": "2"}, 3),
+    ({"spark.master": "spark://h:7077", "spark.executor.instances": "4", "spark.executor.cores": "2"}, 8),
+    ({"spark.master": "yarn", "spark.executor.instances": "4"}, None),  # cores unknown
+    ({"spark.master": "local[*]"}, None),  # the server's cores, which the client cannot see
+    ({"spark.master": None}, None),
+])
+def test_slots_are_read_from_what_the_conf_states(conf, slots):
+    assert connect_slots(conf) == slots
+
+
+def _commit(delta, base_clock, samples):
+    return Commit(tensors=[delta], num_steps=1, num_samples=samples, base_clock=base_clock)
+
+
+def _async_store(center, **kwargs):
+    return Store(center, Downpour(), "asynchronous", 2, "run1", **kwargs)
+
+
+def test_a_store_goes_on_from_another_stores_epoch():
+    client = _async_store([np.zeros(3)])
+    start = client.snapshot()
+    hosted = _async_store(start.center, state=start.state, clock=start.clock)
+    for step in range(3):
+        commit = _commit(np.full(3, 1.0), base_clock=step, samples=5)
+        hosted.commit(CommitKey("run1", 0, step % 2, step), 1, commit)
+    client.absorb(hosted.outcome())
+    np.testing.assert_array_equal(client.center()[0], np.full(3, 3.0))
+    assert client.clock == 3 and len(client.ledger()) == 3 and client.samples_applied == 15
+    assert client.metrics()["commits_applied"] == 3
+    # the next epoch's store starts from the client's clock, so staleness is measured across epochs
+    again = _async_store(client.center(), state=client.snapshot().state, clock=client.clock)
+    again.commit(CommitKey("run1", 1, 0, 0), 1, _commit(np.ones(3), base_clock=1, samples=5))
+    client.absorb(again.outcome())
+    assert client.clock == 4 and client.metrics()["staleness"] == {0: 3, 2: 1}
+    assert client.metrics()["commits_applied"] == 4
+
+
+def test_a_store_refuses_a_negative_clock():
+    with pytest.raises(Exception, match="clock"):
+        _async_store([np.zeros(3)], clock=-1)
+
+
+@pytest.mark.parametrize("state", [
+    None,
+    {"workers": 2, "gain": 1.0, 0: [np.ones(2)], 1: [np.zeros(2)]},
+    DCASGDState(mean_square=[np.ones(2)], backups={1: [np.full(2, 3.0)]}),
+])
+def test_a_task_result_round_trips_without_pickle(state):
+    hosted = Store([np.arange(4, dtype=np.float32).reshape(2, 2), np.ones(3)], ModelAveraging(), "synchronous", 1,
+                   "run1", state=state)
+    stats = [{"partition": 0, "samples": np.int64(7), "logs": {"loss": np.float32(0.5)}, "diverged_at": None}]
+    data = encode_result(stats, hosted.outcome())
+    assert isinstance(data, bytes)
+    got_stats, outcome = decode_result(data, "elephant.optimizers")
+    assert got_stats == [{"partition": 0, "samples": 7, "logs": {"loss": 0.5}, "diverged_at": None}]
+    for a, b in zip(outcome.center, hosted.center()):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    assert type(outcome.state) is type(state)
+    if isinstance(state, DCASGDState):
+        np.testing.assert_array_equal(outcome.state.backups[1][0], np.full(2, 3.0))
+    assert decode_result(encode_result(stats, None), "elephant.optimizers")[1] is None
+
+
+def test_a_ledger_comes_back_as_commit_keys():
+    hosted = _async_store([np.zeros(2)])
+    hosted.commit(CommitKey("run1", 0, 1, 0), 9, _commit(np.ones(2), base_clock=0, samples=1))
+    _, outcome = decode_result(encode_result([], hosted.outcome()), "elephant.optimizers")
+    assert outcome.ledger == [(CommitKey("run1", 0, 1, 0), 9)] and outcome.ledger[0][0].partition == 1
+    assert outcome.staleness == {0: 1} and outcome.clock == 1
