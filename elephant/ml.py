@@ -13,7 +13,6 @@ driver's Python).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pyspark import keyword_only
@@ -26,7 +25,7 @@ from elephant.errors import ConfigError
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
-_MODEL_FILE = "model.keras"
+_MODEL_DIR = "model"  # beside metadata/: the .keras archive, one binary row in Parquet
 _TASKS = ("classification", "regression")
 
 
@@ -86,15 +85,19 @@ def _keras_model(model: Any, build_fn: Any) -> Any:
 
 
 class _Writer(DefaultParamsWriter):
-    """The stage's Params (Spark's metadata format) plus its Keras model as a ``.keras`` archive."""
+    """The stage's Params (Spark's metadata format) plus its Keras archive as a one-row Parquet table.
+
+    The archive goes through Spark's own writer, so the path may be on any
+    file system Spark writes to (local, HDFS, S3, ...), as for Spark's own models.
+    """
 
     def saveImpl(self, path: str) -> None:
         from elephant.model_io import model_to_bytes
 
         model = self.instance._model_to_save()
         super().saveImpl(path)
-        with open(os.path.join(path, _MODEL_FILE), "wb") as f:
-            f.write(model_to_bytes(model))
+        frame = self.sparkSession.createDataFrame([(bytearray(model_to_bytes(model)),)], "archive binary")
+        frame.write.parquet(_model_path(path))
 
 
 class _Reader(DefaultParamsReader):
@@ -102,9 +105,15 @@ class _Reader(DefaultParamsReader):
         from elephant.model_io import model_from_bytes
 
         instance = super().load(path)
-        with open(os.path.join(path, _MODEL_FILE), "rb") as f:
-            instance._keras = model_from_bytes(f.read())
+        row = self.sparkSession.read.parquet(_model_path(path)).head()
+        if row is None:
+            raise ConfigError(f"the saved stage at {path!r} holds no Keras model (an empty {_MODEL_DIR}/ table)")
+        instance._keras = model_from_bytes(bytes(row[0]))
         return instance
+
+
+def _model_path(path: str) -> str:
+    return path.rstrip("/") + "/" + _MODEL_DIR
 
 
 class _Persisted(MLWritable, MLReadable):

@@ -1,5 +1,9 @@
 """elephant.ml: Spark ML pipeline stages around SparkModel (Pipeline, CrossValidator, persistence)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -32,7 +36,7 @@ def pipeline(estimator):
                             StandardScaler(inputCol="raw", outputCol="scaled"), estimator])
 
 
-def test_a_pipeline_trains_predicts_class_indices_and_round_trips_through_save_and_load(spark, frames, tmp_path):
+def test_a_pipeline_trains_predicts_class_indices_and_round_trips_through_save_and_load_in_a_new_session(spark, frames, tmp_path):
     from pyspark.ml import PipelineModel
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 
@@ -63,6 +67,28 @@ def test_a_pipeline_trains_predicts_class_indices_and_round_trips_through_save_a
     again = loaded.transform(test).orderBy("id").select("prediction", "probability").toPandas()
     np.testing.assert_array_equal(again["prediction"].to_numpy(), rows["prediction"].to_numpy())
     np.testing.assert_allclose(np.stack([v.toArray() for v in again["probability"]]), probabilities, atol=1e-6)
+
+    # ... and in a new session of another process, as a scoring job would load it
+    test.write.parquet(str(tmp_path / "test"))
+    run = subprocess.run([sys.executable, "-c", RELOAD, str(tmp_path)], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    fresh = spark.read.parquet(str(tmp_path / "scored")).orderBy("id").toPandas()
+    np.testing.assert_array_equal(fresh["prediction"].to_numpy(), rows["prediction"].to_numpy())
+    np.testing.assert_allclose(np.stack(fresh["probability"].to_numpy()), probabilities, atol=1e-6)
+
+
+RELOAD = """
+import sys
+from pyspark.ml import PipelineModel
+from pyspark.ml.functions import vector_to_array
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+model = PipelineModel.load(sys.argv[1] + "/pipeline")
+scored = model.transform(spark.read.parquet(sys.argv[1] + "/test"))
+scored.select("id", "prediction", vector_to_array("probability").alias("probability")).write.parquet(sys.argv[1] + "/scored")
+"""
 
 
 def test_cross_validation_and_train_validation_split_pick_from_a_grid(spark, frames):
