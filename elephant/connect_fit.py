@@ -12,9 +12,10 @@ stage's task 0 serves the epoch:
 2. task 0 starts a store and a server from them on its executor's address,
    and every task learns the address through ``BarrierTaskContext.allGather``;
 3. every task trains its partition against that server, as in a classic fit;
-4. after a ``barrier()`` (every partition done) task 0 stops the server and
-   returns the store's :class:`~elephant.ps.store.Outcome`, which the client's
-   store absorbs; validation, callbacks and backups then run on the client.
+4. once every partition has finished the epoch (task 0 waits for their
+   ``finish`` calls on its store), task 0 stops the server and returns the
+   store's :class:`~elephant.ps.store.Outcome`, which the client's store
+   absorbs; validation, callbacks and backups then run on the client.
 
 An epoch is a transaction by construction: a failed stage leaves the client's
 store at the epoch's start, and the epoch is trained again as a failed
@@ -247,8 +248,12 @@ def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]
         here = dataclasses.replace(spec, ps_url=url)
         with PSClient(url, spec.token, read_timeout=spec.read_timeout) as client:
             stats = worker.run_partition(here, partition, ctx.taskAttemptId(), blocks, client, ctx.cpus())
-        ctx.barrier()  # every partition has finished: the store holds the whole epoch
-        return stats, store.outcome() if store is not None else None
+        if store is None:
+            return stats, None
+        # Every partition has finished: the store holds the whole epoch. (Waiting on the store, not
+        # with ctx.barrier(), which costs about a second per call.)
+        store.wait_finished(spec.epoch)
+        return stats, store.outcome()
     finally:
         if server is not None:
             server.stop()

@@ -488,6 +488,22 @@ class Store(RoundsMixin):
                 self._close_round(ep, ep.rounds[step])
             self._cond.notify_all()
 
+    def wait_finished(self, epoch: int) -> None:
+        """Block until every partition has called :meth:`finish` for ``epoch`` (no time limit).
+
+        A server hosted by a task of the epoch's own stage waits here before it
+        stops; if another task fails, Spark ends the whole stage, this task too.
+
+        Raises:
+            StoreClosedError: the store was closed while waiting.
+        """
+        epoch = _int_arg("epoch", epoch)
+        with self._cond:
+            while len(self._epoch(epoch).finished) < self._num_workers:
+                if self._closed:
+                    raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
+                self._cond.wait()
+
     def commit(self, key: CommitKey, attempt: int, commit: Commit, *, check_finite: bool = True) -> Reply:
         """Apply (or acknowledge a replay of) one commit; return the new center.
 

@@ -86,3 +86,38 @@ def test_a_ledger_comes_back_as_commit_keys():
     _, outcome = decode_result(encode_result([], hosted.outcome()), "elephant.optimizers")
     assert outcome.ledger == [(CommitKey("run1", 0, 1, 0), 9)] and outcome.ledger[0][0].partition == 1
     assert outcome.staleness == {0: 1} and outcome.clock == 1
+
+
+def test_a_hosting_task_waits_until_every_partition_has_finished_the_epoch():
+    import threading
+
+    store = _async_store([np.zeros(2)])
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (store.wait_finished(0), done.set()), daemon=True)
+    waiter.start()
+    store.finish("run1", 0, 0, 1)
+    assert not done.wait(0.2)  # partition 1 is still training
+    store.finish("run1", 0, 1, 2)
+    assert done.wait(5)
+
+
+def test_closing_the_store_wakes_a_hosting_task_that_waits():
+    import threading
+
+    from elephant.ps.store import StoreClosedError
+
+    store = _async_store([np.zeros(2)])
+    errors = []
+
+    def wait():
+        try:
+            store.wait_finished(0)
+        except StoreClosedError as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    store.finish("run1", 0, 0, 1)
+    store.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and len(errors) == 1
