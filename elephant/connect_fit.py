@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 from typing import Any
 
@@ -36,11 +35,8 @@ import numpy as np
 from elephant import checkpoint
 from elephant import data as D
 from elephant import session
-from elephant import weights as W
 from elephant.errors import ConfigError, DataError
 from elephant.worker import TaskSpec
-
-log = logging.getLogger(__name__)
 
 __all__ = ["HostedRun", "connect_slots"]
 
@@ -128,27 +124,23 @@ class HostedRun:
 
     def _check(self, model) -> int:
         """Read and cache the data once: the number of samples, checked against the model."""
+        from elephant.fit_loop import _shape_summary, checked_samples, raise_task_data_error
+
         blocks = self._blocks
 
         def summary(batches):
             import pyarrow as pa
 
             block = next(D.concat_blocks(blocks(batches)), None)
-            found = [] if block is None else [D.num_samples(block[0]), [list(a.shape[1:]) for a in D._leaves(block[0])]]
+            found = [] if block is None else [D.num_samples(block[0]), _shape_summary(block)]
             yield pa.RecordBatch.from_arrays([pa.array([json.dumps(found)])], ["summary"])
 
         try:
             rows = self.df.mapInArrow(summary, "summary string").collect()
         except Exception as exc:
-            _raise_data_error(exc)
+            raise_task_data_error(exc)
             raise
-        parts = [json.loads(row[0]) for row in rows]
-        parts = [p for p in parts if p]
-        if not parts or sum(p[0] for p in parts) == 0:
-            raise DataError("`x` holds no samples; elephant needs at least one sample to train")
-        shapes = [tuple(s) for s in parts[0][1]]
-        D.check_features(model, [np.empty((0,) + s) for s in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
-        return sum(p[0] for p in parts)
+        return checked_samples(model, [part for part in (json.loads(row[0]) for row in rows) if part])
 
     def check_slots(self) -> None:
         """Checked when the run was made (every mode needs all its workers at once here)."""
@@ -157,7 +149,9 @@ class HostedRun:
         """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""
         self._tag = self._sm.job_group = f"elephant-{run}"
         self.spark.addTag(self._tag)
-        self._token, self._max_body = token, 4 * W.nbytes(store.template) + (1 << 20)
+        from elephant.fit_loop import max_body_bytes
+
+        self._max_body = max_body_bytes(store.template)
         return model_bytes, ""
 
     def epoch(self, store, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
@@ -301,12 +295,3 @@ def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
         counts=found["counts"], staleness={k: v for k, v in found["staleness"]},
     )
     return header["stats"], outcome
-
-
-def _raise_data_error(exc: BaseException) -> None:
-    """Raise a ``DataError`` of a Connect job's task again as itself."""
-    from elephant.fit_loop import spark_failure_cause
-
-    cause = spark_failure_cause(exc)
-    if cause.startswith("DataError: "):
-        raise DataError(cause[len("DataError: "):]) from exc

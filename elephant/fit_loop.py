@@ -34,6 +34,25 @@ def _shape_summary(block) -> list[tuple]:
     return [tuple(a.shape[1:]) for a in D._leaves(block[0])]
 
 
+def checked_samples(model, parts: Sequence[tuple[int, Sequence[Sequence[int]]]]) -> int:
+    """The training samples of the partitions that hold data, ``(samples, feature shapes)`` each, checked.
+
+    Raises:
+        DataError: no samples at all, or features whose shapes do not fit the model.
+    """
+    total = sum(n for n, _ in parts)
+    if total == 0:
+        raise DataError("`x` holds no samples; elephant needs at least one sample to train")
+    shapes = [tuple(s) for s in parts[0][1]]
+    D.check_features(model, [np.empty((0,) + s) for s in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
+    return total
+
+
+def max_body_bytes(template) -> int:
+    """The request-body limit of a fit's server: four models (the largest commit) and a MiB of headroom."""
+    return 4 * W.nbytes(template) + (1 << 20)
+
+
 def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sample_weight=None,
                  class_weight=None, weight_col=None):
     """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
@@ -77,17 +96,11 @@ def training_rdd(sm, sc, x, y, *, features_col, label_col, validation_split, sam
         except DataError:
             D.release(rdd)
             raise
-        sizes = [s[0][0] if s else 0 for s in summary]
-        if sum(sizes) == 0:
-            D.release(rdd)
-            raise DataError("`x` holds no samples; elephant needs at least one sample to train")
-        shapes = next(s[0][1] for s in summary if s)
         try:
-            D.check_features(model, [np.empty((0,) + sh) for sh in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
+            rdd.elephant_samples = checked_samples(model, [s[0] for s in summary if s])
         except DataError:
             D.release(rdd)
             raise
-        rdd.elephant_samples = sum(sizes)
         return rdd, num_workers, None
 
     n = D.check_xy(x, y)
@@ -138,10 +151,15 @@ def _data_job(rdd) -> list:
     try:
         return rdd.collect()
     except Exception as exc:  # Py4JJavaError / PythonException carry the task's traceback as text
-        cause = spark_failure_cause(exc)
-        if cause.startswith("DataError: "):
-            raise DataError(cause[len("DataError: "):]) from exc
+        raise_task_data_error(exc)
         raise
+
+
+def raise_task_data_error(exc: BaseException) -> None:
+    """Raise a ``DataError`` that a task of a failed Spark job raised again as itself; else return."""
+    cause = spark_failure_cause(exc)
+    if cause.startswith("DataError: "):
+        raise DataError(cause[len("DataError: "):]) from exc
 
 
 def aggregate_logs(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -211,7 +229,7 @@ class ClassicRun:
         self._broadcast = sc.broadcast(model_bytes)
         self._group = self._sm.job_group = f"elephant-{run}"
         sc.setJobGroup(self._group, f"elephant fit {run}", interruptOnCancel=True)
-        app = create_app(store, token, max_body_bytes=4 * W.nbytes(store.template) + (1 << 20))
+        app = create_app(store, token, max_body_bytes=max_body_bytes(store.template))
         self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4)
         return self._broadcast, self._server.url
 
@@ -504,10 +522,11 @@ def run_fit(sm, x, y, *, epochs, batch_size, validation_data, validation_split, 
         D.check_validation_data(sm.model, validation_data)
     data = dict(features_col=features_col, label_col=label_col, validation_split=validation_split,
                 sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col)
-    if fit_session(sm, x) is not None:  # a Spark Connect client: the server is hosted by a task
+    connect = fit_session(sm, x)
+    if connect is not None:  # a Spark Connect client: the server is hosted by a task
         from elephant.connect_fit import HostedRun
 
-        runner = HostedRun(sm, fit_session(sm, x), x, y, **data)
+        runner = HostedRun(sm, connect, x, y, **data)
     else:
         runner = ClassicRun(sm, sm.spark, x, y, **data)
     try:
