@@ -264,6 +264,25 @@ def check_features(model, x: Any, name: str = "x") -> None:
             )
 
 
+def shape_summary(block) -> list[tuple]:
+    """The feature shapes of a block (its sample axis left out), one per input."""
+    return [tuple(a.shape[1:]) for a in _leaves(block[0])]
+
+
+def checked_samples(model, parts: Sequence[tuple[int, Sequence[Sequence[int]]]]) -> int:
+    """The training samples of the partitions that hold data, ``(samples, feature shapes)`` each, checked.
+
+    Raises:
+        DataError: no samples at all, or features whose shapes do not fit the model.
+    """
+    total = sum(n for n, _ in parts)
+    if total == 0:
+        raise DataError("`x` holds no samples; elephant needs at least one sample to train")
+    shapes = [tuple(s) for s in parts[0][1]]
+    check_features(model, [np.empty((0,) + s) for s in shapes] if len(shapes) > 1 else np.empty((0,) + shapes[0]))
+    return total
+
+
 def records_are_blocks(first: Any, expected_shapes: list[tuple] | None) -> bool:
     """Whether an RDD's first element is a block rather than one record.
 

@@ -28,6 +28,7 @@ from elephant import data as D
 from elephant import session
 from elephant.combine import _check_combine, _scored, check_weights, combine_predictions, vote_shares
 from elephant.errors import ConfigError, DataError, ElephantError
+from elephant.sources import RDDSource, source
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,10 @@ class Ensemble:
     # ---------------------------------------------------------------- predict
     def predict_members(self, x, batch_size: int | None = None, *, local: bool = False) -> list:
         """Each member's prediction for numpy ``x`` (order kept), on Spark unless ``local``."""
-        if D.is_rdd(x) or D.is_dataframe(x):
+        data = source(x)
+        if data.distributed:
             raise DataError("predict_members takes numpy inputs; use predict for an RDD or DataFrame")
-        if D.num_samples(x) == 0:
-            raise DataError("`x` is empty (0 samples); nothing to predict")
-        D.check_features(self.models[0], x)
+        data.checked_features(self.models[0])
         if local:
             return [m.predict(x, batch_size=batch_size, verbose=0) for m in self.models]
         from elephant.inference import _concat_outputs, _ordered_blocks
@@ -173,10 +173,11 @@ class Ensemble:
         a DataFrame gives its rows plus ``prediction_col`` (float array for
         ``"mean"``, long label for ``"vote"``). ``local=True`` predicts numpy on the driver.
         """
-        if not (D.is_rdd(x) or D.is_dataframe(x)):
+        data = source(x)
+        if not data.distributed:
             return combine_predictions(self.predict_members(x, batch_size, local=local), self.combine, self.weights)
         how, weights, shapes = self.combine, self.weights, D.model_input_shapes(self.models[0])
-        if D.is_rdd(x):
+        if isinstance(data, RDDSource):
             _, specs = self._ship(x.context)  # broadcasts live as long as the lazy result needs them
 
             def task(items):
@@ -212,18 +213,17 @@ class Ensemble:
         if not config:
             raise ConfigError("evaluate scores with the first member's loss and metrics, but it is not compiled")
         how, weights, custom = self.combine, self.weights, self.custom_objects or None
-        if not (D.is_rdd(x) or D.is_dataframe(x)):
-            if y is None:
-                raise DataError("`y` is required to evaluate numpy inputs")
-            D.check_xy(x, y)
+        data = source(x, y)
+        data.refuse()
+        if not data.distributed:
+            data.checked_weights(self.models[0])
             out = _scored(self.predict_members(x, batch_size, local=local), how, weights)
             logs = _scorer(config, out.shape[1:], custom).evaluate(out, y, batch_size=batch_size, verbose=0, return_dict=True)
             parts = [(1, {k: float(v) for k, v in logs.items()})]  # one part: the mean is the value itself
         else:
-            if D.is_dataframe(x):
-                session.require_classic(x.sparkSession, "Ensemble.evaluate")
-            rdd = D.dataframe_blocks(x, features_col, label_col) if D.is_dataframe(x) else \
-                x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(self.models[0])))
+            if data.spark is not None:
+                session.require_classic(data.spark, "Ensemble.evaluate")
+            rdd = data.labeled_blocks(self.models[0], None, features_col=features_col, label_col=label_col)
             broadcasts, specs = self._ship(rdd.context)
 
             def task(blocks):
@@ -362,9 +362,4 @@ class Ensemble:
 
 def _resample(x, y, seed: int):
     """A bootstrap resample (same size, with replacement) of numpy arrays, an RDD or a DataFrame."""
-    if D.is_rdd(x):
-        return x.sample(True, 1.0, seed), y
-    if D.is_dataframe(x):
-        return x.sample(withReplacement=True, fraction=1.0, seed=seed), y
-    idx = np.random.default_rng(seed).integers(0, D.num_samples(x), D.num_samples(x))
-    return D.take(x, idx), D.take(y, idx)
+    return source(x, y).bootstrap(seed)

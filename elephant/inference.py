@@ -12,6 +12,7 @@ from elephant import data as D
 from elephant import session
 from elephant.errors import DataError
 from elephant.model_io import model_fingerprint, model_to_bytes
+from elephant.sources import DataFrameSource, RDDSource, source
 
 __all__ = ["predict", "evaluate", "ModelShipment"]
 
@@ -55,7 +56,8 @@ def _ordered_blocks(x: Any, num_workers: int) -> list[Any]:
 
 def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
             features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
-    if D.is_dataframe(x):
+    data = source(x)
+    if isinstance(data, DataFrameSource):
         if session.is_connect(x.sparkSession):  # no broadcasts: the model travels in the UDF
             spec = (model_to_bytes(model), model_fingerprint(model), custom_objects or None)
         else:
@@ -63,14 +65,10 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
         return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)
     session.require_classic(spark, "predict on numpy arrays or an RDD")
     sc = spark.sparkContext
-    if not D.is_rdd(x):
-        n = D.num_samples(x)
-        if n == 0:
-            raise DataError("`x` is empty (0 samples); nothing to predict")
-        D.check_features(model, x)
+    data.checked_features(model)
     ship = ModelShipment(sc, model, custom_objects)
     spec = ship.spec()
-    if D.is_rdd(x):
+    if isinstance(data, RDDSource):
         return _predict_rdd(x, spec, batch_size, D.model_input_shapes(model))
 
     def task(blocks):
@@ -239,24 +237,16 @@ def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
 
 def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom_objects=None,
              features_col="features", label_col="label", sample_weight=None, weight_col=None):
-    connect = D.is_dataframe(x) and session.is_connect(x.sparkSession)
+    data = source(x, y)
+    connect = data.spark is not None and session.is_connect(data.spark)
     if connect:  # DataFrame APIs only: Arrow batches in, one JSON row per partition out
         spec, ship = (model_to_bytes(model), model_fingerprint(model), custom_objects or None), None
     else:
         session.require_classic(spark, "evaluate on numpy arrays or an RDD")
         sc = spark.sparkContext
-        if D.is_dataframe(x):
-            rdd = D.dataframe_blocks(x, features_col, label_col, weight_col)
-        elif D.is_rdd(x):
-            rdd = x.mapPartitions(D.partition_to_blocks(D.model_input_shapes(model)))
-        else:
-            n = D.check_xy(x, y)
-            if y is None:
-                raise DataError("`y` is required to evaluate numpy inputs")
-            D.check_features(model, x)
-            w = sample_weight  # checked by SparkModel.evaluate (D.check_sample_weight)
-            idx = np.array_split(np.arange(n), min(num_workers, n))
-            rdd = sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
+        # x, y and the weights were refused or checked by SparkModel.evaluate (Source.refuse, checked_weights)
+        rdd = data.labeled_blocks(model, sc, num_workers, features_col=features_col, label_col=label_col,
+                                          weight_col=weight_col, sample_weight=sample_weight)
         ship = ModelShipment(sc, model, custom_objects)
         spec = ship.spec()
 

@@ -21,20 +21,24 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLWritable
 
+from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
 _MODEL_DIR = "model"  # beside metadata/: the .keras archive, one binary row in Parquet
 _TASKS = ("classification", "regression")
+_SETTINGS, _FIT = Settings.defaults(), FitArgs.defaults()
+_MODE, _EPOCHS, _BATCH = _SETTINGS["mode"], _FIT["epochs"], 32  # as SparkModel and its fit (Keras' 32)
+_FREQUENCY = ""  # SparkModel's frequency=None: the distributed optimizer's own window
 
 
 def _to_frequency(value: Any) -> str:
-    """``frequency`` as a Param string: ``"epoch"``, ``"batch"`` or a positive int."""
-    text = str(value)
-    if text in ("epoch", "batch") or (text.isdigit() and int(text) > 0):
+    """``frequency`` as a Param string: ``""`` (the optimizer's window), ``"epoch"``, ``"batch"`` or a positive int."""
+    text = "" if value is None else str(value)
+    if text in ("", "epoch", "batch") or (text.isdigit() and int(text) > 0):
         return text
-    raise TypeError(f"frequency must be 'epoch', 'batch' or a positive int; received {value!r}")
+    raise TypeError(f"frequency must be '', 'epoch', 'batch' or a positive int; received {value!r}")
 
 
 class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol):
@@ -47,7 +51,8 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
     batchSize = Param(Params._dummy(), "batchSize", "the global batch size (> 0)", typeConverter=TypeConverters.toInt)
     mode = Param(Params._dummy(), "mode", "'asynchronous', 'synchronous' or 'hogwild'",
                  typeConverter=TypeConverters.toString)
-    frequency = Param(Params._dummy(), "frequency", "commit every 'epoch', 'batch' or N local steps",
+    frequency = Param(Params._dummy(), "frequency", "commit every 'epoch', 'batch' or N local steps ('' for the "
+                      "optimizer's own window)",
                       typeConverter=_to_frequency)
     optimizer = Param(Params._dummy(), "optimizer", "a distributed optimizer's name ('' for the mode's default)",
                       typeConverter=TypeConverters.toString)
@@ -59,7 +64,7 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(task="classification", epochs=1, batchSize=32, mode="asynchronous", frequency="epoch",
+        self._setDefault(task="classification", epochs=_EPOCHS, batchSize=_BATCH, mode=_MODE, frequency=_FREQUENCY,
                          optimizer="", numWorkers=0, validationSplit=0.0, verbose=0, probabilityCol="probability")
 
     def _check(self) -> None:
@@ -144,7 +149,8 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
             guessed from the loss.
         epochs, batchSize, mode, frequency, optimizer, numWorkers,
             validationSplit, verbose: as ``SparkModel`` and ``SparkModel.fit``
-            take them (``optimizer=""`` and ``numWorkers=0`` keep their defaults).
+            take them (``frequency=""``, ``optimizer=""`` and ``numWorkers=0`` keep
+            their defaults: the optimizer's window, the mode's optimizer, Spark's parallelism).
             ``validationSplit`` holds out that fraction of the rows (seeded) and
             evaluates it on the driver after each epoch.
 
@@ -156,8 +162,8 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
     @keyword_only
     def __init__(self, *, model: Any = None, build_fn: Any = None, featuresCol: str = "features",
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                 task: str = "classification", epochs: int = 1, batchSize: int = 32, mode: str = "asynchronous",
-                 frequency: Any = "epoch", optimizer: str = "", numWorkers: int = 0, validationSplit: float = 0.0,
+                 task: str = "classification", epochs: int = _EPOCHS, batchSize: int = _BATCH, mode: str = _MODE,
+                 frequency: Any = _FREQUENCY, optimizer: str = "", numWorkers: int = 0, validationSplit: float = 0.0,
                  verbose: int = 0):
         super().__init__()
         if model is not None and build_fn is not None:
@@ -257,7 +263,7 @@ class KerasModel(Model, _KerasParams, _Persisted):
 
 
 def _frequency_value(text: str) -> Any:
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isdigit() else (text or None)
 
 
 def _to_numpy(df: Any, features_col: str, label_col: str) -> tuple:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from elephant import optimizers as O
+from elephant.config import Settings, check_mode, default_optimizer
 from elephant.errors import ConfigError
 
 __all__ = ["ELEPHANT_KEYS", "FIT_KEYS", "Routed", "build_params", "check_keys", "check_space", "elephant_settings",
@@ -65,16 +66,11 @@ def route(params: Mapping[str, Any], accepted: frozenset | None) -> Routed:
 
 def elephant_settings(settings: Mapping[str, Any]) -> dict:
     """SparkModel keyword arguments, validated; ``optimizer.<param>`` keys are passed to ``optimizers.get``."""
-    from elephant.spark_model import _check_frequency, _check_mode, _check_positive_int, default_optimizer
-
     out = {k: v for k, v in settings.items() if not k.startswith(_OPT)}
-    mode = _check_mode(out.get("mode", "asynchronous"))
-    _check_frequency(out.get("frequency"))
-    _check_positive_int("num_workers", out.get("num_workers"), allow_none=True)
+    mode = check_mode(out.get("mode", Settings.defaults()["mode"]))
     ident = out.get("optimizer") or default_optimizer(mode)
-    opt = out["optimizer"] = O.get(ident, **{k[len(_OPT):]: v for k, v in settings.items() if k.startswith(_OPT)})
-    if mode not in opt.modes:
-        raise ConfigError(f"optimizer {opt.name!r} supports mode(s) {list(opt.modes)}; received mode={mode!r}")
+    out["optimizer"] = O.get(ident, **{k[len(_OPT):]: v for k, v in settings.items() if k.startswith(_OPT)})
+    Settings(**{k: v for k, v in out.items() if k in Settings.names()})  # validates them together
     return out
 
 

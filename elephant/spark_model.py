@@ -6,72 +6,19 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 
-from elephant import data as D
-from elephant import optimizers as O
 from elephant import session
-from elephant.warmup import WarmUp
-from elephant.errors import ConfigError, DataError
+from elephant.config import FitArgs, Settings, check_verbose, refuse_unsupported
+from elephant.errors import ConfigError
+from elephant.fit.report import FitReport
+from elephant.fit.plan import decide_workers
 from elephant.model_io import load_with_settings, save_with_settings
-from elephant.optimizers.base import check_overlap
+from elephant.sources import Source, source
+from elephant.warmup import WarmUp
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SparkModel", "load"]
-
-_FREQUENCY_HELP = "`frequency` must be 'epoch', 'batch', a positive int or None"
-
-
-def _check_mode(mode: Any) -> str:
-    if mode not in O.MODES:
-        raise ConfigError(f"`mode` must be 'synchronous', 'asynchronous' or 'hogwild'; received mode={mode!r}")
-    return mode
-
-
-def _check_frequency(frequency: Any) -> str | int | None:
-    if frequency is None or frequency in ("epoch", "batch"):
-        return frequency
-    if isinstance(frequency, (int, np.integer)) and not isinstance(frequency, bool) and frequency > 0:
-        return int(frequency)
-    raise ConfigError(f"{_FREQUENCY_HELP}; received frequency={frequency!r}")
-
-
-def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"`{name}` must be a positive int; received {name}={value!r}")
-    return int(value)
-
-
-#: Arguments of ``keras.Model.fit``, ``evaluate`` and ``predict`` that elephant refuses for now,
-#: and what to do instead.
-UNSUPPORTED_ARGUMENTS = {
-    "fit": {
-        "steps_per_epoch": "every epoch is one pass over each worker's partition; pass fewer samples, or more epochs",
-        "validation_steps": "validation runs on the whole validation set; pass a smaller one",
-    },
-    "evaluate": {
-        "steps": "every sample is evaluated; pass fewer samples",
-    },
-    "predict": {
-        "steps": "every sample is predicted; pass fewer samples",
-    },
-}
-
-
-def _refuse_unsupported(method: str, **given: Any) -> None:
-    for name, value in given.items():
-        if value is not None:
-            raise ConfigError(f"`{name}` is not supported by SparkModel.{method}: {UNSUPPORTED_ARGUMENTS[method][name]}; "
-                              f"received {name} of type {type(value).__name__}")
-
-
-def _check_verbose(verbose: Any) -> None:
-    if verbose not in ("auto", 0, 1, 2, True, False):
-        raise ConfigError(f"`verbose` must be 'auto', 0, 1 or 2; received verbose={verbose!r}")
-
 
 def _driver_callbacks(model, callbacks: Sequence[Any] | None):
     """Keras' CallbackList for the begin/end hooks ``evaluate`` and ``predict`` run on the driver."""
@@ -80,39 +27,6 @@ def _driver_callbacks(model, callbacks: Sequence[Any] | None):
     if callbacks is not None and not isinstance(callbacks, (list, tuple)):
         raise ConfigError(f"`callbacks` must be a list of keras.callbacks.Callback; received {type(callbacks).__name__}")
     return keras.callbacks.CallbackList(list(callbacks or []), model=model)
-
-
-def _check_validation_freq(freq: Any) -> int | tuple[int, ...]:
-    """Keras' ``validation_freq``: a positive int, or a list of 1-based epoch numbers."""
-    if isinstance(freq, (int, np.integer)) and not isinstance(freq, bool) and freq > 0:
-        return int(freq)
-    if isinstance(freq, (list, tuple, set)) and all(
-            isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e > 0 for e in freq):
-        return tuple(sorted(int(e) for e in freq))
-    raise ConfigError("`validation_freq` must be a positive int or a list of epoch numbers (from 1); "
-                      f"received validation_freq={freq!r}")
-
-
-def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimizer) -> int | None:
-    """Local steps per commit: None means one commit per partition pass."""
-    if frequency == "epoch":
-        return None
-    if frequency == "batch":
-        return 1
-    if frequency is None:
-        return optimizer.window
-    return frequency
-
-
-#: The distributed optimizer of each mode when ``SparkModel(optimizer=None)``; chosen by
-#: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
-#: progress through an outer Nesterov step and split the batch among the workers.
-DEFAULT_OPTIMIZERS = {"synchronous": "modelaveraging", "asynchronous": "delayednesterov", "hogwild": "downpour"}
-
-
-def default_optimizer(mode: str) -> str:
-    """The distributed optimizer used in ``mode`` when ``SparkModel(optimizer=None)``."""
-    return DEFAULT_OPTIMIZERS[mode]
 
 
 def _check_model(model: Any) -> None:
@@ -210,46 +124,30 @@ class SparkModel:
     ):
         _check_model(model)
         self.model = model
-        self.mode = _check_mode(mode)
-        self.frequency = _check_frequency(frequency)
-        if optimizer is None:
-            optimizer = default_optimizer(self.mode)
-        self.optimizer = O.get(optimizer)
-        if self.mode not in self.optimizer.modes:
-            raise ConfigError(
-                f"optimizer {self.optimizer.name!r} supports mode(s) {list(self.optimizer.modes)}; "
-                f"received mode={mode!r}"
-            )
+        self.settings = Settings(
+            mode=mode, frequency=frequency, optimizer=optimizer, num_workers=num_workers, read_timeout=read_timeout,
+            seed=seed, batch_split=batch_split, overlap=overlap, epoch_retries=epoch_retries, on_failure=on_failure,
+            norm_guard=norm_guard,
+        )
         mismatch = self.optimizer.local_optimizer_mismatch(model.optimizer)
         if mismatch:
             log.warning(mismatch)
-        self.num_workers = _check_positive_int("num_workers", num_workers, allow_none=True)
         self.custom_objects = dict(custom_objects or {})
-        if not (isinstance(read_timeout, (int, float)) and read_timeout > 0):
-            raise ConfigError(f"`read_timeout` must be a positive number of seconds; received read_timeout={read_timeout!r}")
-        self.read_timeout = float(read_timeout)
-        self.seed = seed
-        if batch_split is not None and not isinstance(batch_split, bool):
-            raise ConfigError(f"`batch_split` must be True, False or None; received batch_split={batch_split!r}")
-        self.batch_split = batch_split
-        self.overlap = check_overlap(overlap, self.optimizer, self.mode)
-        if isinstance(epoch_retries, bool) or not isinstance(epoch_retries, (int, np.integer)) or epoch_retries < 0:
-            raise ConfigError(f"`epoch_retries` must be an int >= 0; received epoch_retries={epoch_retries!r}")
-        self.epoch_retries = int(epoch_retries)
-        if on_failure not in ("rollback", "keep"):
-            raise ConfigError(f"`on_failure` must be 'rollback' or 'keep'; received on_failure={on_failure!r}")
-        self.on_failure = on_failure
-        if norm_guard is not None and (isinstance(norm_guard, bool) or not isinstance(norm_guard, (int, float))
-                                       or not norm_guard > 1 or norm_guard == float("inf")):
-            raise ConfigError(f"`norm_guard` must be a number > 1 or None; received norm_guard={norm_guard!r}")
-        self.norm_guard = norm_guard
         self._spark = spark
-        self.job_group: str | None = None
+        self.job_group: str | None = None  # the running or last fit's Spark job group
+        self.last_report: FitReport | None = None  # what the last fit reported (the fields below come from it)
         self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
         self.fit_plan: dict[str, Any] | None = None  # workers, batch per worker and window of the last fit
         self.last_ledger: list | None = None  # applied (key, attempt) pairs of the last fit, in order
         self.ps_url: str | None = None  # address of the last fit's parameter server
         self._warm_up = WarmUp.start(spark, self.num_workers)  # Python workers start while the user prepares data
+
+    def __getattr__(self, name: str) -> Any:
+        """The settings read as attributes (``sm.mode``, ``sm.optimizer``, ``sm.window``, ...)."""
+        settings = self.__dict__.get("settings")
+        if settings is not None and (name in Settings.names() or name in ("window", "splits_batch")):
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ setup
     @property
@@ -264,29 +162,8 @@ class SparkModel:
             self._spark = session.get_or_create()
         return self._spark
 
-    @property
-    def window(self) -> int | None:
-        return resolve_window(self.frequency, self.optimizer)
-
-    @property
-    def splits_batch(self) -> bool:
-        """Whether ``fit``'s ``batch_size`` is divided among the workers (see ``batch_split``)."""
-        return self.optimizer.splits_batch if self.batch_split is None else self.batch_split
-
     def get_settings(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "frequency": self.frequency,
-            "optimizer": O.serialize(self.optimizer),
-            "num_workers": self.num_workers,
-            "read_timeout": self.read_timeout,
-            "seed": self.seed,
-            "batch_split": self.batch_split,
-            "overlap": self.overlap,
-            "epoch_retries": self.epoch_retries,
-            "on_failure": self.on_failure,
-            "norm_guard": self.norm_guard,
-        }
+        return self.settings.to_config()
 
     def __reduce__(self):
         raise TypeError(
@@ -347,7 +224,7 @@ class SparkModel:
 
         With a Spark Connect session ``x`` must be a DataFrame: each epoch is
         one barrier stage whose first task hosts the parameter server
-        (:mod:`elephant.connect_fit`).
+        (:mod:`elephant.fit.connect`).
 
         Raises:
             ConfigError: an invalid setting, ``class_weight`` with sample weights,
@@ -356,33 +233,29 @@ class SparkModel:
                 numpy or RDD inputs with a Spark Connect session.
             DataError: data or weights that do not fit the model or each other.
         """
-        from elephant.fit_loop import run_fit
+        from elephant.fit.loop import run_fit
 
-        _refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
-        epochs = _check_positive_int("epochs", epochs)
-        batch_size = 32 if batch_size is None else _check_positive_int("batch_size", batch_size)
-        validation_batch_size = batch_size if validation_batch_size is None else \
-            _check_positive_int("validation_batch_size", validation_batch_size)
-        if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
-            raise ConfigError(f"`initial_epoch` must be an int >= 0; received initial_epoch={initial_epoch!r}")
-        validation_freq = _check_validation_freq(validation_freq)
-        if not isinstance(validation_split, (int, float)) or not 0.0 <= validation_split < 1.0:
-            raise ConfigError(f"`validation_split` must be a float in [0, 1); received validation_split={validation_split!r}")
-        _check_verbose(verbose)
-        if not isinstance(shuffle, bool):
-            raise ConfigError(f"`shuffle` must be True or False; received shuffle={shuffle!r}")
-        if validation_data is not None and not (isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3)):
-            raise DataError(
-                "`validation_data` must be a tuple (x_val, y_val); "
-                f"received {type(validation_data).__name__}"
-            )
-        return run_fit(
-            self, x, y, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
-            validation_split=float(validation_split), callbacks=callbacks, verbose=verbose,
-            features_col=features_col, label_col=label_col, shuffle=shuffle, initial_epoch=int(initial_epoch),
-            validation_freq=validation_freq, validation_batch_size=validation_batch_size,
-            sample_weight=sample_weight, class_weight=class_weight, weight_col=weight_col,
+        refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+        args = FitArgs(
+            batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
+            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
+            features_col=features_col, label_col=label_col, weight_col=weight_col,
         )
+        report = FitReport()
+        self.job_group = report.job_group
+        try:
+            return run_fit(self.model, self.settings, args, x, y, spark=self._fit_spark, given_spark=self._spark,
+                           custom_objects=self.custom_objects, report=report)
+        finally:
+            self.last_report = report
+            self.last_metrics, self.last_ledger = report.metrics, report.ledger
+            self.fit_plan, self.ps_url = report.plan, report.ps_url
+
+    def _fit_spark(self):
+        """The session a classic fit runs in (a function: a Connect fit never makes one)."""
+        return self.spark
 
     # ------------------------------------------------------- predict/evaluate
     def predict(self, x, batch_size: int | None = None, verbose: str | int = "auto", steps=None, callbacks=None, *,
@@ -400,12 +273,13 @@ class SparkModel:
         """
         from elephant.inference import predict
 
-        _refuse_unsupported("predict", steps=steps)
-        _check_verbose(verbose)
+        refuse_unsupported("predict", steps=steps)
+        check_verbose(verbose)
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_predict_begin()
-        out = predict(self.model, x, batch_size, num_workers=self._inference_workers(x),
-                      spark=x.sparkSession if D.is_dataframe(x) else self.spark, custom_objects=self.custom_objects,
+        data = source(x)
+        out = predict(self.model, x, batch_size, num_workers=self._inference_workers(data),
+                      spark=data.spark or self.spark, custom_objects=self.custom_objects,
                       features_col=features_col, prediction_col=prediction_col)
         cbks.on_predict_end()
         return out
@@ -432,34 +306,27 @@ class SparkModel:
         """
         from elephant.inference import evaluate, keras_evaluate_result
 
-        _refuse_unsupported("evaluate", steps=steps)
-        if sample_weight is not None and (D.is_rdd(x) or D.is_dataframe(x)):
-            raise DataError("`sample_weight` must be None when `x` is an RDD or a DataFrame: weights travel inside "
-                            "`x` (records or blocks with weights, or `weight_col`)")
-        if weight_col is not None and not D.is_dataframe(x):
-            raise DataError(f"`weight_col` names a DataFrame column; `x` is not a DataFrame (received "
-                            f"weight_col={weight_col!r})")
-        if sample_weight is not None and not D.is_rdd(x) and not D.is_dataframe(x):
-            sample_weight = D.check_sample_weight(sample_weight, D.num_samples(x))
-        _check_verbose(verbose)
+        refuse_unsupported("evaluate", steps=steps)
+        data = source(x, y)
+        data.refuse(sample_weight=sample_weight, weight_col=weight_col)  # before Spark starts
+        sample_weight = data.checked_weights(self.model, sample_weight)
+        check_verbose(verbose)
         cbks = _driver_callbacks(self.model, callbacks)
         cbks.on_test_begin()
         logs = evaluate(self.model, x, y, batch_size, return_dict=True,
-                        num_workers=self._inference_workers(x),
-                        spark=x.sparkSession if D.is_dataframe(x) else self.spark,
+                        num_workers=self._inference_workers(data), spark=data.spark or self.spark,
                         custom_objects=self.custom_objects, features_col=features_col, label_col=label_col,
                         sample_weight=sample_weight, weight_col=weight_col)
         cbks.on_test_end(logs)
         return keras_evaluate_result(logs, return_dict)
 
-    def _inference_workers(self, x) -> int:
-        if self.num_workers is not None:
-            return self.num_workers
-        if D.is_rdd(x):
-            return x.getNumPartitions()
-        if D.is_dataframe(x) or session.is_connect(self.spark):
-            return 1  # a DataFrame keeps its partitions; under Connect, predict and evaluate say what works
-        return max(1, self.spark.sparkContext.defaultParallelism)
+    def _inference_workers(self, data: Source) -> int:
+        """The partitions numpy is split into (an RDD or a DataFrame keeps its own)."""
+        if self.num_workers is not None or data.distributed:
+            return decide_workers(self.num_workers, 1)
+        if session.is_connect(self.spark):
+            return 1  # predict and evaluate say what works under Connect
+        return decide_workers(None, data.available_workers(self.spark.sparkContext))
 
     # ------------------------------------------------------------- save/load
     def save(self, filepath: str) -> None:
@@ -469,8 +336,7 @@ class SparkModel:
 
 def load(filepath: str, spark=None, custom_objects: Mapping[str, Any] | None = None) -> SparkModel:
     """Rebuild a :class:`SparkModel` saved with :meth:`SparkModel.save`."""
-    model, settings = load_with_settings(filepath, custom_objects)
-    known = {"mode", "frequency", "optimizer", "num_workers", "read_timeout", "seed", "batch_split", "overlap",
-             "epoch_retries", "on_failure", "norm_guard"}
-    kwargs = {k: v for k, v in settings.items() if k in known}
-    return SparkModel(model, spark=spark, custom_objects=custom_objects, **kwargs)
+    model, saved = load_with_settings(filepath, custom_objects)
+    settings = Settings.from_config(saved)
+    return SparkModel(model, spark=spark, custom_objects=custom_objects,
+                      **{name: getattr(settings, name) for name in Settings.names()})

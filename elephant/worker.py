@@ -71,7 +71,7 @@ class TaskSpec:
     custom_objects: Mapping[str, Any] | None = None
     shuffle: bool = True
     fault: str | None = None  # test-only fault injection, from ELEPHANT_FAULT on the driver
-    structure: str = ""  # fit_loop.replica_structure; "" = a replica of this fit's own
+    structure: str = ""  # fit.loop.replica_structure; "" = a replica of this fit's own
     overlap: bool = False  # keep training while a commit is in flight
     learning_rate: float | None = None  # the driver's compiled rate this epoch (None: a schedule, left alone)
     ps_run: str = ""  # the run id the PS accepts for this epoch's try ("": ``run``); new after a rollback

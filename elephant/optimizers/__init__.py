@@ -5,7 +5,7 @@ Importing this package pulls in numpy only (no Spark, Flask or TensorFlow).
 =================  ====================  ====================================  ======
 class              ``get()`` name        modes                                 window
 =================  ====================  ====================================  ======
-Downpour           ``"downpour"``        asynchronous, hogwild                 5
+Downpour           ``"downpour"``        asynchronous, hogwild                 1
 AGN                ``"agn"``             asynchronous, hogwild                 12
 ADAG               ``"adag"``            asynchronous                          12
 DynSGD             ``"dynsgd"``          asynchronous, hogwild                 5
@@ -44,7 +44,6 @@ from elephant.optimizers.averaging import ModelAveraging
 from elephant.optimizers.dcasgd import DCASGD
 from elephant.optimizers.delayed_nesterov import DelayedNesterov
 from elephant.optimizers.simulate import ScheduleError, Trace, simulate
-from elephant.optimizers.keras_fit import FitTrace, simulate_fit
 
 __all__ = [
     "MODES",
@@ -94,3 +93,12 @@ def _import_rule_modules() -> None:
 
 
 _import_rule_modules()
+
+
+def __getattr__(name: str):
+    """``simulate_fit`` and ``FitTrace`` live in :mod:`elephant.fit.simulated` (they need Keras); imported on first use."""
+    if name in ("simulate_fit", "FitTrace"):
+        from elephant.fit import simulated
+
+        return getattr(simulated, name)
+    raise AttributeError(f"module 'elephant.optimizers' has no attribute {name!r}")

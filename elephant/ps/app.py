@@ -30,13 +30,14 @@ import numpy as np
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from elephant import weights as W
 from elephant.errors import ConfigError, DataError, PSError, ProtocolError
 from elephant.ps import wire
 from elephant.ps.store import RoundTimeoutError, StaleAttemptError, Store, StoreClosedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["create_app", "DEFAULT_MAX_BODY_BYTES", "EXTENSION", "BUFFERS_OK"]
+__all__ = ["create_app", "max_body_bytes", "DEFAULT_MAX_BODY_BYTES", "EXTENSION", "BUFFERS_OK"]
 
 #: Default request-body limit: 1 GiB.
 DEFAULT_MAX_BODY_BYTES = 1 << 30
@@ -91,6 +92,11 @@ def _int_param(name: str, default: Any = ...) -> Any:
     if not raw.isdigit():
         raise ProtocolError(f"query parameter {name!r} must be an int >= 0; received {raw!r}")
     return int(raw)
+
+
+def max_body_bytes(template) -> int:
+    """The request-body limit of a fit's server: four models (the largest commit) and a MiB of headroom."""
+    return 4 * W.nbytes(template) + (1 << 20)
 
 
 def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Flask:

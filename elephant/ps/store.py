@@ -97,7 +97,7 @@ class Outcome:
     """What a store served since it was made: handed from a store hosted elsewhere to :meth:`Store.absorb`.
 
     A fit from a Spark Connect client serves each epoch from a store inside a
-    Spark task (:mod:`elephant.connect_fit`); the client's own store takes the
+    Spark task (:mod:`elephant.fit.connect`); the client's own store takes the
     epoch's result from it.
     """
 

@@ -28,7 +28,7 @@ def plain_accuracy(digits):
 def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digits, plain_accuracy, mode, caplog):
     x_train, x_test, y_train, y_test = digits
     sm = SparkModel(digits_model(), mode=mode, num_workers=2, spark=spark)
-    with caplog.at_level(logging.INFO, logger="elephant.fit_loop"):
+    with caplog.at_level(logging.INFO, logger="elephant.fit.loop"):
         sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
     acc = accuracy(sm.model, x_test, y_test)
     assert acc >= plain_accuracy - 0.03, f"{mode} default: {acc:.3f} against plain Keras {plain_accuracy:.3f}"
@@ -57,7 +57,7 @@ def test_square_root_scaling_is_decided_at_fit_start_and_logged(spark, digits, c
     """AGN with the model's Adam and the batch split: each delta gets √K on the server, said in the fit-start log."""
     x_train, _, y_train, _ = digits
     sm = SparkModel(digits_model(), mode="asynchronous", optimizer="agn", num_workers=2, spark=spark)
-    with caplog.at_level(logging.INFO, logger="elephant.fit_loop"):
+    with caplog.at_level(logging.INFO, logger="elephant.fit.loop"):
         sm.fit(x_train[:256], y_train[:256], epochs=1, batch_size=32, verbose=0)
     assert sm.fit_plan["optimizer"]["sqrt_scaling"] is True
     assert sm.optimizer.sqrt_scaling is None  # the user's rule is left as given, for the next fit

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("keras")
 
-from elephant.fit_loop import LiveProgress  # noqa: E402
+from elephant.fit.progress import LiveProgress  # noqa: E402
 
 
 class _Store:

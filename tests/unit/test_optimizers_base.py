@@ -24,8 +24,17 @@ def registry(monkeypatch):
 # ------------------------------------------------------------------ public API
 def test_all_is_explicit_and_complete():
     public = {n for n, v in vars(eo).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
-    assert sorted(eo.__all__) == sorted(public)
+    lazy = {"simulate_fit", "FitTrace"}  # need Keras: elephant.fit.simulated, imported on first use
+    assert sorted(eo.__all__) == sorted(public | lazy)
     assert len(eo.__all__) == len(set(eo.__all__))
+
+
+def test_the_lazy_names_resolve_to_the_fit_simulator_and_others_do_not():
+    from elephant.fit import simulated
+
+    assert eo.simulate_fit is simulated.simulate_fit and eo.FitTrace is simulated.FitTrace
+    with pytest.raises(AttributeError, match="no attribute 'keras_fit_helper'"):
+        eo.keras_fit_helper
 
 
 def test_design_names_are_exported():
@@ -238,3 +247,15 @@ def test_every_module_of_the_package_is_imported_so_new_rules_register_themselve
     modules = {info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")}
     assert {"downpour", "dcasgd", "simulate"} <= modules
     assert all(f"elephant.optimizers.{name}" in sys.modules for name in modules)
+
+
+def test_the_package_table_states_each_rules_modes_and_window():
+    """The table in elephant.optimizers' docstring is read back and compared with the rules themselves."""
+    rows = [line.split() for line in eo.__doc__.splitlines()]
+    table = {cells[1].strip('`"'): (" ".join(cells[2:-1]), cells[-1])
+             for cells in rows if len(cells) >= 4 and cells[1].startswith('``"')}
+    assert set(table) == set(eo.registered_names())
+    for name, (modes, window) in table.items():
+        rule = eo.get(name)
+        assert modes == ", ".join(rule.modes), name
+        assert window == ("pass" if rule.window is None else str(rule.window)), name

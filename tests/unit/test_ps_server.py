@@ -425,7 +425,7 @@ def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkey
 
 def test_a_pinned_port_range_takes_the_first_free_port():
     pytest.importorskip("keras")  # elephant.fit_loop imports the worker, which needs Keras
-    from elephant.fit_loop import start_server
+    from elephant.fit.classic import start_server
     from elephant.session import parse_ports
 
     with socket.socket() as taken:

@@ -11,9 +11,9 @@ keras = pytest.importorskip("keras")
 
 from elephant import SparkModel  # noqa: E402
 from elephant.errors import ConfigError, DataError  # noqa: E402
-from elephant.fit_loop import aggregate_logs, _staleness_mean  # noqa: E402
+from elephant.fit.progress import aggregate_logs, staleness_mean as _staleness_mean  # noqa: E402
 from elephant.session import check_barrier_slots  # noqa: E402
-from elephant.spark_model import resolve_window  # noqa: E402
+from elephant.config import resolve_window  # noqa: E402
 from elephant import optimizers as O  # noqa: E402
 
 
@@ -252,7 +252,7 @@ def test_fit_evaluate_and_predict_take_keras_arguments_in_its_order_and_defaults
 
     import keras
 
-    from elephant.spark_model import UNSUPPORTED_ARGUMENTS
+    from elephant.config import UNSUPPORTED_ARGUMENTS
 
     for method in ("fit", "evaluate", "predict"):
         theirs = inspect.signature(getattr(keras.Model, method)).parameters
@@ -267,7 +267,7 @@ def test_fit_evaluate_and_predict_take_keras_arguments_in_its_order_and_defaults
 
 @pytest.mark.parametrize("freq, validated", [(1, [1, 2, 3, 4]), (2, [2, 4]), ((1, 3), [1, 3]), (5, [])])
 def test_validation_happens_after_the_epochs_keras_would_pick(freq, validated):
-    from elephant.fit_loop import validates_after
+    from elephant.fit.progress import validates_after
 
     assert [e + 1 for e in range(4) if validates_after(e, freq)] == validated
 
@@ -287,18 +287,20 @@ def test_evaluate_and_predict_refuse_before_spark(model, method, kwargs, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"sample_weight": np.ones(3)}, r"`sample_weight` must hold one weight per sample \(5\); received 3 weights"),
-    ({"weight_col": "w"}, r"`weight_col` names a DataFrame column; `x` is not a DataFrame \(received weight_col='w'\)"),
+    ({"weight_col": "w"}, r"`weight_col` names a DataFrame column, but `x` is numpy; pass sample_weight= instead "
+                          r"\(received weight_col='w'\)"),
+    ({"sample_weight": np.ones(5), "y": None}, r"`y` is required when `x` is a numpy array"),
 ])
 def test_evaluate_refuses_bad_weights_before_spark(model, kwargs, match):
     sm = SparkModel(model, spark=_NoSpark())
     with pytest.raises(DataError, match=match):
-        sm.evaluate(np.zeros((5, 4)), np.zeros(5), **kwargs)
+        sm.evaluate(np.zeros((5, 4)), kwargs.pop("y", np.zeros(5)), **kwargs)
 
 
 def test_callbacks_that_act_per_batch_are_warned_about(tmp_path):
     import keras
 
-    from elephant.fit_loop import batch_hook_warning
+    from elephant.fit.progress import batch_hook_warning
 
     class PerBatch(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -314,7 +316,7 @@ def test_callbacks_that_act_per_batch_are_warned_about(tmp_path):
 
 
 def test_a_spark_failure_is_summarised_by_the_tasks_own_error():
-    from elephant.fit_loop import epoch_failure, spark_failure_cause
+    from elephant.fit.epoch import epoch_failure, spark_failure_cause
 
     raw = Exception(
         "An error occurred while calling o123.collectAndServe.\n"

@@ -244,7 +244,7 @@ def test_structure_fingerprint_ignores_weights_and_names_but_not_optimizer_state
 
 
 def test_models_with_custom_objects_never_share_a_replica():
-    from elephant.fit_loop import replica_structure
+    from elephant.fit.loop import replica_structure
     from elephant.model_io import structure_fingerprint
 
     class Scale(keras.layers.Layer):

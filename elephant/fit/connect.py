@@ -25,9 +25,11 @@ barrier stage, since the server lives only as long as the stage's tasks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,12 @@ import numpy as np
 from elephant import checkpoint
 from elephant import data as D
 from elephant import session
-from elephant.errors import ConfigError, DataError
+from elephant.config import FitArgs, Settings
+from elephant.errors import ConfigError
+from elephant.fit.classic import start_server
+from elephant.fit.epoch import collect_checked
+from elephant.fit.plan import decide_workers
+from elephant.sources import DataFrameSource, Source
 from elephant.worker import TaskSpec
 
 __all__ = ["HostedRun", "connect_slots"]
@@ -83,26 +90,19 @@ class HostedRun:
         DataError: the DataFrame's columns or rows do not fit the model.
     """
 
-    def __init__(self, sm, spark, x, y, *, features_col, label_col, validation_split, sample_weight=None,
-                 class_weight=None, weight_col=None):
-        if not D.is_dataframe(x):
+    def __init__(self, model, settings: Settings, spark, data: Source, args: FitArgs):
+        if not isinstance(data, DataFrameSource):
             raise ConfigError(
-                f"under Spark Connect SparkModel.fit trains on a DataFrame; received x of type {type(x).__name__}. "
-                "Make one with spark.createDataFrame (features as an array or Vector column, a label column), "
-                "or run the script with a classic SparkSession to train on numpy arrays or RDDs")
-        if y is not None:
-            raise DataError("`y` must be None when `x` is a DataFrame (labels travel inside `x`, in `label_col`)")
-        if validation_split:
-            raise ConfigError("`validation_split` works with numpy inputs only; for a DataFrame pass "
-                              f"validation_data=(x_val, y_val); received validation_split={validation_split!r}")
-        if sample_weight is not None:
-            raise DataError("`sample_weight` must be None when `x` is a DataFrame: name a column of weights "
-                            "with `weight_col`")
+                f"under Spark Connect SparkModel.fit trains on a DataFrame; received x of type "
+                f"{type(data.x).__name__}. Make one with spark.createDataFrame (features as an array or Vector "
+                "column, a label column), or run the script with a classic SparkSession to train on numpy arrays "
+                "or RDDs")
+        x = data.x
         self.spark, self.val = spark, None
         self._conf = _conf(spark, _CONF_KEYS)
-        self._sm = sm
+        self.settings = settings
         slots = connect_slots(self._conf)
-        self.num_workers = sm.num_workers or slots
+        self.num_workers = decide_workers(settings.num_workers, slots)
         if self.num_workers is None:
             raise ConfigError(
                 f"under Spark Connect elephant cannot see how many tasks the cluster runs at once (spark.master="
@@ -113,62 +113,65 @@ class HostedRun:
                 f"under Spark Connect every worker of an epoch runs at once (one of them hosts the parameter "
                 f"server), but num_workers={self.num_workers} exceeds the {slots} task slots of this cluster; "
                 "lower num_workers")
-        self._blocks = _block_stream(D.arrow_block_reader(features_col, label_col, weight_col), class_weight)
-        self.df = D.selected_dataframe(x, features_col, label_col, weight_col).repartition(self.num_workers).cache()
+        columns = (args.features_col, args.label_col, args.weight_col)
+        self._blocks = _block_stream(D.arrow_block_reader(*columns), args.class_weight)
+        self.df = D.selected_dataframe(x, *columns).repartition(self.num_workers).cache()
         self._tag = None
         try:
-            self.samples = self._check(sm.model)
+            self.samples = self._check(model)
         except BaseException:
             self.df.unpersist()
             raise
 
     def _check(self, model) -> int:
         """Read and cache the data once: the number of samples, checked against the model."""
-        from elephant.fit_loop import _shape_summary, checked_samples, raise_task_data_error
-
         blocks = self._blocks
 
         def summary(batches):
             import pyarrow as pa
 
             block = next(D.concat_blocks(blocks(batches)), None)
-            found = [] if block is None else [D.num_samples(block[0]), _shape_summary(block)]
+            found = [] if block is None else [D.num_samples(block[0]), D.shape_summary(block)]
             yield pa.RecordBatch.from_arrays([pa.array([json.dumps(found)])], ["summary"])
 
-        try:
-            rows = self.df.mapInArrow(summary, "summary string").collect()
-        except Exception as exc:
-            raise_task_data_error(exc)
-            raise
-        return checked_samples(model, [part for part in (json.loads(row[0]) for row in rows) if part])
+        rows = collect_checked(self.df.mapInArrow(summary, "summary string").collect)
+        return D.checked_samples(model, [part for part in (json.loads(row[0]) for row in rows) if part])
+
+    def barrier(self, mode: str) -> bool:
+        """Every epoch is one barrier stage here, in every mode (its task 0 hosts the server)."""
+        return True
 
     def check_slots(self) -> None:
         """Checked when the run was made (every mode needs all its workers at once here)."""
 
-    def open(self, store, token: str, run: str, model_bytes: bytes) -> tuple[Any, str]:
+    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
         """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""
-        self._tag = self._sm.job_group = f"elephant-{run}"
-        self.spark.addTag(self._tag)
-        from elephant.fit_loop import max_body_bytes
+        from elephant.ps.app import max_body_bytes
 
+        self._tag = job_group
+        self.spark.addTag(self._tag)
         self._max_body = max_body_bytes(store.template)
         return model_bytes, ""
 
-    def epoch(self, store, spec: TaskSpec, barrier: bool, epochs: int) -> list[dict[str, Any]]:
-        from elephant.fit_loop import run_epoch
-
+    def job(self, store, barrier: bool):
+        """One try of an epoch: the hosted stage, whose outcome the client's store absorbs."""
         def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
             results, outcome = self._epoch_job(store, spec)
             store.absorb(outcome)
             return results
 
-        return run_epoch(self._sm, store, job, spec, True, epochs)
+        return job
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Ctrl-C reaches the client as in any Connect call (no job group to cancel from a handler)."""
+        yield None
 
     def _epoch_job(self, store, spec: TaskSpec):
-        sm, blocks = self._sm, self._blocks
+        settings, blocks = self.settings, self._blocks
         start = store.snapshot()
         hosting = _Hosting(center=start.center, state=start.state, clock=start.clock, num_workers=self.num_workers,
-                           round_timeout=sm.read_timeout, norm_guard=sm.norm_guard, max_body=self._max_body,
+                           round_timeout=settings.read_timeout, norm_guard=settings.norm_guard, max_body=self._max_body,
                            ports=session.parse_ports(self._conf[session.PS_PORTS_KEY]))
 
         def task(batches):
@@ -223,7 +226,6 @@ def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]
     from pyspark import BarrierTaskContext
 
     from elephant import worker
-    from elephant.fit_loop import start_server
     from elephant.ps.app import create_app
     from elephant.ps.client import PSClient
     from elephant.ps.store import Store

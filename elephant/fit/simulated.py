@@ -13,8 +13,10 @@ heterogeneous ones). Nothing but the model and numpy is needed: no Spark, no
 HTTP. A researcher can try a rule, a window or a worker count here before
 booking a cluster; ``benchmarks/convergence.py`` compares the two.
 
-Keras is imported only when the function runs, so importing this package stays
-numpy-only.
+It plans through :func:`elephant.fit.plan.plan_fit` with the same
+:class:`~elephant.config.Settings` a SparkModel holds, so the simulated fit
+trains the plan a Spark fit would. ``elephant.optimizers.simulate_fit`` names
+this function too (imported on first use: the optimizers stay numpy-only).
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from elephant import data as D
+from elephant.config import Settings, check_positive_int
 from elephant.errors import ConfigError
-from elephant.optimizers.base import MODES, DistributedOptimizer, get, worker_batch_size
+from elephant.fit.plan import plan_fit
+from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
 
@@ -58,8 +63,6 @@ class _Replica:
     """One simulated worker: a rebuilt Keras model and its shard, reshuffled every epoch."""
 
     def __init__(self, model, x, y, batch_size: int, rng: np.random.Generator, shuffle: bool):
-        from elephant import data as D
-
         self.model, self.x, self.y = model, x, y
         self.batch_size, self.rng, self.shuffle = batch_size, rng, shuffle
         self.n = D.num_samples(x)
@@ -69,8 +72,6 @@ class _Replica:
         model.make_train_function()
 
     def train_step(self, weights):
-        from elephant import data as D
-
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
             self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
             self.position = 0
@@ -130,24 +131,17 @@ def simulate_fit(
     Raises:
         ConfigError: an argument is invalid or the optimizer does not support ``mode``.
     """
-    from elephant import data as D
     from elephant.model_io import model_from_bytes, model_to_bytes
-    from elephant.spark_model import default_optimizer, resolve_window, _check_frequency, _check_positive_int
 
-    if mode not in MODES:
-        raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
-    epochs = _check_positive_int("epochs", epochs)
-    batch_size = _check_positive_int("batch_size", batch_size)
-    num_workers = _check_positive_int("num_workers", num_workers)
-    frequency = _check_frequency(frequency)
-    opt = get(default_optimizer(mode) if optimizer is None else optimizer)
-    if mode not in opt.modes:
-        raise ConfigError(f"optimizer {opt.name!r} supports mode(s) {list(opt.modes)}; received mode={mode!r}")
+    settings = Settings(mode=mode, frequency=frequency, optimizer=optimizer, seed=seed, batch_split=batch_split,
+                        overlap=overlap)
+    epochs = check_positive_int("epochs", epochs)
+    batch_size = check_positive_int("batch_size", batch_size)
+    num_workers = check_positive_int("num_workers", num_workers)
     D.check_xy(x, y)
-    window = resolve_window(frequency, opt)
-    split = opt.splits_batch if batch_split is None else bool(batch_split)
-    opt = opt.for_fit(model.optimizer, num_workers, split, window)
-    global_batch, batch_size = batch_size, worker_batch_size(batch_size, num_workers, split)
+    plan = plan_fit(settings, model.optimizer, num_workers, batch_size)
+    opt, window = plan.rule, plan.window
+    global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
     rng = np.random.default_rng(None if seed is None else seed + 1)

@@ -1,0 +1,77 @@
+"""Backups of a fit: Keras' ``BackupAndRestore`` honoured with elephant's own checkpoint.
+
+After each epoch the center, the compiled optimizer's variables, the rule's
+server state and the history are saved (:mod:`elephant.checkpoint`); a fit
+given the same backup directory resumes after the last saved epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from elephant import checkpoint
+from elephant.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["resume_from_backup", "rule_identity", "save_backup"]
+
+
+def rule_identity(mode: str, rule, num_workers: int) -> dict[str, Any]:
+    return {"name": rule.name, "config": rule.get_config(), "mode": mode, "num_workers": num_workers}
+
+
+def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial_epoch: int):
+    """Start from ``backup``'s checkpoint, if it holds one: ``(initial_epoch, rule_state, history)``.
+
+    ``model`` takes the checkpoint's center and optimizer variables; the
+    fit starts after the last saved epoch (as Keras' own ``BackupAndRestore``
+    sets it), and the rule's server state is restored when the rule, mode and
+    number of workers are those it was saved with.
+
+    Raises:
+        ConfigError: the checkpoint's weights do not fit the model.
+    """
+    if backup is None:
+        return initial_epoch, None, {}
+    saved = checkpoint.load(backup.backup_dir, type(rule).__module__)
+    if saved is None:
+        return initial_epoch, None, {}
+    weights = model.get_weights()
+    if [w.shape for w in weights] != [c.shape for c in saved.center]:
+        raise ConfigError(f"the backup in {backup.backup_dir!r} holds weights of another model (shapes "
+                          f"{[c.shape for c in saved.center][:4]}..., the model's {[w.shape for w in weights][:4]}...); "
+                          "remove it or pass another backup_dir")
+    model.set_weights(saved.center)
+    optimizer = _built_optimizer(model)
+    variables = optimizer.variables
+    if [tuple(v.shape) for v in variables] == [a.shape for a in saved.optimizer_variables]:
+        for v, a in zip(variables, saved.optimizer_variables):
+            v.assign(a)
+    else:
+        log.warning("the backup's optimizer variables do not fit %s; it keeps its own", type(optimizer).__name__)
+    state = saved.rule_state if saved.state_saved and saved.rule == rule_identity(mode, rule, num_workers) else None
+    if state is None:
+        log.warning("resuming without the rule's saved server state (saved for %s); the rule starts afresh",
+                    saved.rule)
+    log.info("resuming from the backup in %s after epoch %d", backup.backup_dir, saved.epochs_done)
+    return saved.epochs_done or initial_epoch, state, saved.history
+
+
+def _built_optimizer(model):
+    """The model's optimizer with its variables made (as Keras' own BackupAndRestore builds it to load them)."""
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    return model.optimizer
+
+
+def save_backup(model, mode: str, backup, store, rule, num_workers: int, epochs_done: int, history) -> None:
+    """Write the fit's state after ``epochs_done`` epochs to ``backup``'s directory."""
+    checkpoint.save(backup.backup_dir, checkpoint.Checkpoint(
+        epochs_done=epochs_done, center=store.center(),
+        optimizer_variables=[np.asarray(v) for v in _built_optimizer(model).variables],
+        rule_state=store.snapshot().state, rule=rule_identity(mode, rule, num_workers), history=history,
+    ))

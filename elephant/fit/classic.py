@@ -1,0 +1,146 @@
+"""The Spark side of a fit in a classic session: cached blocks, a broadcast model, the server on the driver.
+
+The training data become an RDD of numpy blocks cached on the executors (or
+one broadcast per shard for numpy input), the model archive one broadcast,
+and the parameter server runs in the driver's process on
+:func:`elephant.session.ps_host`; each epoch is one Spark job (a barrier stage
+in synchronous mode) in the fit's job group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from elephant import data as D
+from elephant import session
+from elephant.config import FitArgs, Settings
+from elephant.errors import DataError, PSError
+from elephant.fit.epoch import collect_checked
+from elephant.sources import Source
+from elephant.worker import TaskSpec
+
+__all__ = ["ClassicRun", "start_server", "training_rdd"]
+
+
+def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
+    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
+
+    The RDD's ``elephant_samples`` is the number of training samples: counted
+    (and the blocks checked against the model) by one Spark job when the data
+    live in Spark.
+    """
+    training = data.training(model, sc, settings.num_workers, args, settings.seed)
+    rdd = training.rdd
+    if training.samples is None:
+        rdd = rdd.cache()
+        try:
+            with session.job_description(rdd.context, "elephant fit: check and cache the training data"):
+                summary = collect_checked(
+                    rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), D.shape_summary(b)) for b in it]]).collect)
+            rdd.elephant_samples = D.checked_samples(model, [s[0] for s in summary if s])
+        except DataError:
+            D.release(rdd)
+            raise
+    else:
+        rdd.elephant_samples = training.samples
+    return rdd, training.num_workers, training.validation
+
+
+def start_server(app, host: str, ports: Sequence[int], threads: int):
+    """A started :class:`~elephant.ps.server.PSServer` on the first free port of ``ports``.
+
+    Raises:
+        PSError: no port of ``ports`` could be bound (the last error names why).
+    """
+    from elephant.ps.server import PSServer
+
+    *others, last = ports
+    for port in others:
+        try:
+            return PSServer(app, host=host, port=port, threads=threads).start()
+        except PSError as exc:
+            if "could not bind" not in str(exc):
+                raise
+    try:
+        return PSServer(app, host=host, port=last, threads=threads).start()
+    except PSError as exc:
+        if others and "could not bind" in str(exc):
+            raise PSError(f"{exc} (tried {len(ports)} ports of {session.PS_PORTS_KEY})") from None
+        raise
+
+
+def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
+    def task(iterator):
+        from pyspark import BarrierTaskContext, TaskContext
+
+        from elephant import worker
+        from elephant.ps.client import PSClient
+
+        ctx = BarrierTaskContext.get() if barrier else TaskContext.get()
+        with PSClient(spec.ps_url, spec.token, read_timeout=spec.read_timeout) as client:
+            return worker.run_partition(spec, ctx.partitionId(), ctx.taskAttemptId(), iterator, client, ctx.cpus())
+
+    stage = rdd.barrier() if barrier else rdd
+    return stage.mapPartitions(task).collect()
+
+
+class ClassicRun:
+    """The Spark side of a fit in a classic session (see the module's docstring)."""
+
+    def __init__(self, model, settings: Settings, spark, data: Source, args: FitArgs):
+        self.sc = spark.sparkContext
+        self.settings = settings
+        self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
+        self.samples = self.rdd.elephant_samples
+        self._server, self._broadcast, self._group = None, None, None
+
+    def barrier(self, mode: str) -> bool:
+        """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds need every worker at once)."""
+        return mode == "synchronous"
+
+    def check_slots(self) -> None:
+        settings = self.settings
+        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc), settings.optimizer.staleness_bound,
+                                    settings.mode)
+
+    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
+        """Broadcast the model and start the server: ``(the tasks' model_bytes, the server's url)``."""
+        from elephant.ps.app import create_app, max_body_bytes
+
+        sc = self.sc
+        self._broadcast = sc.broadcast(model_bytes)
+        self._group = job_group
+        sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
+        app = create_app(store, token, max_body_bytes=max_body_bytes(store.template))
+        self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4)
+        return self._broadcast, self._server.url
+
+    def job(self, store, barrier: bool):
+        """One try of an epoch: ``job(spec, description)`` runs the epoch's Spark job and returns its stats."""
+        def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
+            with session.job_description(self.sc, text):
+                return _epoch_job(self.rdd, spec, barrier)
+
+        return job
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[Any]:
+        """Inside, Ctrl-C cancels the fit's jobs; yields the event that says it did."""
+        with session.interrupt_cancels(self.sc, self._group) as interrupted:
+            yield interrupted
+
+    def cancel(self) -> None:
+        """Stop the fit's running jobs (an interrupted or failed fit must not train against a dead server)."""
+        if self._group is not None:
+            self.sc.cancelJobGroup(self._group)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        if self._group is not None:
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+        if self._broadcast is not None:
+            self._broadcast.unpersist()
+        D.release(self.rdd)

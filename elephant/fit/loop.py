@@ -1,0 +1,230 @@
+"""The epochs of a fit: input checks, the plan, the store and its server, callbacks, validation, backups.
+
+:func:`run_fit` is what ``SparkModel.fit`` calls. It checks the data it can
+before Spark starts, picks the Spark side (:class:`~elephant.fit.classic.ClassicRun`
+in a classic session, :class:`~elephant.fit.connect.HostedRun` under Spark
+Connect), plans the fit (:mod:`elephant.fit.plan`) and runs each epoch's job
+as a transaction (:func:`~elephant.fit.epoch.run_epoch`). What the fit learns
+about itself goes into the caller's :class:`~elephant.fit.report.FitReport`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elephant import checkpoint
+from elephant import data as D
+from elephant import session
+from elephant.config import FitArgs, Settings
+from elephant.errors import ConfigError
+from elephant.fit.backup import resume_from_backup, save_backup
+from elephant.fit.epoch import run_epoch
+from elephant.fit.plan import FitPlan, plan_fit
+from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
+                                   validates_after)
+from elephant.fit.report import FitReport
+from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
+from elephant.optimizers.base import settable_learning_rate
+from elephant.sources import Source, source
+from elephant.worker import TaskSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["fit_session", "replica_structure", "run_fit"]
+
+
+def check_inputs(model, data: Source, args: FitArgs) -> FitArgs:
+    """Check what can be checked before Spark starts; the args with their weights checked.
+
+    Raises:
+        ConfigError: ``class_weight`` with sample weights, both ``validation_data`` and
+            ``validation_split``, or an argument that does not apply to the input's kind.
+        DataError: numpy data, weights or validation data that do not fit the model or each other.
+    """
+    class_weight, sample_weight, weight_col = args.class_weight, args.sample_weight, args.weight_col
+    if class_weight is not None:
+        class_weight = D.check_class_weight(class_weight)
+        if sample_weight is not None or weight_col is not None:
+            given = "sample_weight" if sample_weight is not None else "weight_col"
+            raise ConfigError(f"pass either `class_weight` or `{given}`, not both (as in Keras): fold the class "
+                              "weights into the sample weights")
+    data.refuse(sample_weight=sample_weight, weight_col=weight_col, validation_split=args.validation_split)
+    sample_weight = data.checked_weights(model, sample_weight, class_weight)
+    if args.validation_data is not None:
+        if args.validation_split:
+            raise ConfigError(
+                "pass either `validation_data` or `validation_split`, not both; received "
+                f"validation_split={args.validation_split!r} and validation_data of {len(args.validation_data)} items"
+            )
+        D.check_validation_data(model, args.validation_data)
+    return dataclasses.replace(args, class_weight=class_weight, sample_weight=sample_weight)
+
+
+def fit_session(data: Source, spark):
+    """The Spark Connect session a fit of ``data`` runs in, else None (a classic session).
+
+    ``spark`` is the session the SparkModel was given, if any.
+    """
+    for candidate in (data.spark, spark):
+        if candidate is not None and session.is_connect(candidate):
+            return candidate
+    return None
+
+
+def run_fit(model, settings: Settings, args: FitArgs, x, y, *, spark: Callable[[], Any], given_spark=None,
+            custom_objects: Mapping[str, Any] | None = None, report: FitReport):
+    """Train ``model`` on ``x``, ``y`` as ``settings`` and ``args`` say; returns Keras' ``History``.
+
+    ``spark()`` gives the classic session (called only for a classic fit);
+    ``given_spark`` is the session the user gave, which may be a Connect one.
+    ``report`` is filled in as the fit goes, also when it fails.
+    """
+    from elephant.fit.classic import ClassicRun
+
+    data = source(x, y)
+    args = check_inputs(model, data, args)
+    connect = fit_session(data, given_spark)
+    if connect is not None:  # a Spark Connect client: the server is hosted by a task
+        from elephant.fit.connect import HostedRun
+
+        runner = HostedRun(model, settings, connect, data, args)
+    else:
+        runner = ClassicRun(model, settings, spark(), data, args)
+    try:
+        return _train(model, settings, args, runner, custom_objects or {}, report)
+    finally:
+        runner.close()
+
+
+def replica_structure(model, custom_objects) -> str:
+    """The key under which workers may share a training replica with other fits ("": never).
+
+    Models given ``custom_objects`` never share (each fit builds its own replica): a
+    custom layer redefined in a notebook keeps its name and config, and a shared
+    replica would run its old code.
+    """
+    return "" if custom_objects else structure_fingerprint(model)
+
+
+def follow_learning_rate(local, previous: float | None, store) -> float | None:
+    """The compiled optimizer's rate for this epoch; a change since the last one is passed to the rule.
+
+    Callbacks such as ``LearningRateScheduler`` and ``ReduceLROnPlateau`` set the
+    driver's rate between epochs; the workers get it in their task, and the
+    rule's server state is scaled by new / old (``on_learning_rate_change``).
+    """
+    rate = settable_learning_rate(local)
+    if rate is not None and previous is not None and rate != previous:
+        log.info("learning rate changed from %g to %g: the workers train with it from this epoch", previous, rate)
+        store.learning_rate_changed(rate / previous if previous > 0 else 1.0)
+    return rate
+
+
+def _start(model, settings: Settings, args: FitArgs, runner) -> FitPlan:
+    """Check the cluster, plan the fit and log the plan and its warnings."""
+    runner.check_slots()
+    plan = plan_fit(settings, model.optimizer, runner.num_workers, args.batch_size)
+    for warning in plan.warnings(settings.mode) + [batch_hook_warning(args.callbacks)]:
+        if warning:
+            log.warning(warning)
+    log.info(plan.describe())
+    return plan
+
+
+def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, report: FitReport):
+    """The epochs of a fit whose data ``runner`` holds: server, callbacks, validation, backups."""
+    from elephant.ps.store import Store
+
+    mode, epochs, samples = settings.mode, args.epochs, runner.samples
+    val = tuple(args.validation_data) if args.validation_data is not None else runner.val
+    barrier = runner.barrier(mode)
+    plan = _start(model, settings, args, runner)
+    report.plan = plan.as_dict()
+    rule, num_workers, run = plan.rule, plan.num_workers, report.run
+
+    token = secrets.token_urlsafe(32)
+    backup, callbacks = checkpoint.find_backup(args.callbacks)
+    initial_epoch, rule_state, past = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch)
+    store = Store(model.get_weights(), rule, mode, num_workers, run, round_timeout=settings.read_timeout,
+                  state=rule_state, norm_guard=settings.norm_guard)
+    fingerprint = model_fingerprint(model)
+    structure = replica_structure(model, custom_objects)
+    steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
+    cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
+    model.stop_training = False
+    try:
+        model_bytes, url = runner.open(store, token, report.job_group, model_to_bytes(model))
+        report.ps_url = url or None
+        if url:
+            log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
+                     run, url, num_workers, mode, rule, plan.window)
+        cbks.on_train_begin()
+        metrics_before = store.metrics()
+        rate = settable_learning_rate(model.optimizer)
+        for epoch in range(initial_epoch, epochs):
+            cbks.on_epoch_begin(epoch)
+            rate = follow_learning_rate(model.optimizer, rate, store)
+            t0 = time.perf_counter()
+            spec = TaskSpec(
+                run=run, epoch=epoch, model_bytes=model_bytes, fingerprint=fingerprint,
+                optimizer=rule, window=plan.window, batch_size=plan.worker_batch_size, mode=mode,
+                ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
+                custom_objects=custom_objects or None, shuffle=args.shuffle,
+                fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
+                learning_rate=rate, ps_run=store.run,
+            )
+            progress = LiveProgress(cbks._progbar, store, steps, samples).start()
+            try:
+                with runner.guard() as interrupted:
+                    results = run_epoch(store, runner.job(store, barrier), spec, epochs=epochs, barrier=barrier,
+                                        settings=settings, model=model, interrupted=interrupted)
+            finally:
+                progress.stop()
+            logs = aggregate_logs(results)
+            model.set_weights(store.center())
+            if val is not None and validates_after(epoch, args.validation_freq):
+                val_logs = model.evaluate(
+                    val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
+                    batch_size=args.validation_batch_size, verbose=0, return_dict=True,
+                )
+                logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
+            metrics_after = store.metrics()
+            if mode != "synchronous":
+                mean_tau = staleness_mean(metrics_before, metrics_after)
+                if mean_tau is not None:
+                    logs["staleness"] = mean_tau
+            metrics_before = metrics_after
+            log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
+            diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
+            cbks.on_epoch_end(epoch, logs)
+            if backup is not None:  # after the callbacks: a rate they set is saved with the epoch
+                for key, value in logs.items():
+                    past.setdefault(key, []).append(float(value))
+                save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past)
+            if diverged:
+                # The server refuses non-finite updates, so the center stays finite; going on
+                # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.
+                log.warning(
+                    "training diverged in epoch %d (non-finite loss or weights on partitions %s); stopping "
+                    "the fit with the last finite center weights. Lower the learning rate or clip gradients.",
+                    epoch + 1, diverged,
+                )
+                model.stop_training = True
+            if model.stop_training:
+                break
+        cbks.on_train_end()
+        if backup is not None and backup.delete_checkpoint:
+            checkpoint.remove(backup.backup_dir)
+    except BaseException:
+        runner.cancel()
+        raise
+    finally:
+        report.metrics = store.metrics()
+        report.ledger = store.ledger()
+    return history

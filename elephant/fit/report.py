@@ -1,0 +1,39 @@
+"""What a fit reports back to the façade that started it: :class:`FitReport`."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+__all__ = ["FitReport", "new_run_id"]
+
+
+def new_run_id() -> str:
+    """A fit's run id: 12 hex digits, in the job group, the commit keys and the log lines."""
+    return uuid.uuid4().hex[:12]
+
+
+@dataclasses.dataclass
+class FitReport:
+    """Filled in as a fit goes, so a failed fit reports as much as it got to.
+
+    Attributes:
+        run: the fit's run id (the Spark job group is ``elephant-<run>``).
+        plan: workers, global and per-worker batch, window, the rule's config
+            and ``overlap`` (:meth:`elephant.fit.plan.FitPlan.as_dict`).
+        ps_url: the parameter server's address (None: not started, or hosted
+            by a task under Spark Connect).
+        metrics: the store's counters at the end (``/metrics``).
+        ledger: the applied ``(commit key, attempt)`` pairs, in order.
+    """
+
+    run: str = dataclasses.field(default_factory=new_run_id)
+    plan: dict[str, Any] | None = None
+    ps_url: str | None = None
+    metrics: dict[str, Any] | None = None
+    ledger: list | None = None
+
+    @property
+    def job_group(self) -> str:
+        return f"elephant-{self.run}"
