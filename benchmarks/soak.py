@@ -10,7 +10,7 @@ the start and the end. Writes ``benchmarks/results/soak.json``.
 
 Requests that fail after the fit has ended (its server is stopping while an extra
 client finishes its loop) are not counted. The extra clients need the run's token, which elephant never exposes; the
-script fixes it by replacing ``secrets.token_urlsafe`` in ``elephant.fit_loop``.
+script fixes it by replacing ``secrets.token_urlsafe`` in ``elephant.fit.loop``.
 
 Usage::
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from sklearn.datasets import load_digits
 
     from elephant import SparkModel
-    from elephant import fit_loop
+    from elephant.fit import loop as fit_loop
     from elephant.ps.client import PSClient
 
     fit_loop.secrets.token_urlsafe = lambda nbytes=None: TOKEN
