@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from elephant import arrow as A
 from elephant import data as D
 from elephant import session
 from elephant.errors import DataError
@@ -124,14 +125,14 @@ def with_predictions(df, features_col: str | Sequence[str], prediction_col: str,
 
     if prediction_col in df.columns:
         raise DataError(f"DataFrame already has a column {prediction_col!r}; pass another prediction_col")
-    (features,) = D.dataframe_columns(df, features_col)
+    (features,) = A.dataframe_columns(df, features_col)
     name = features_col if isinstance(features_col, str) else "features"
 
     def batches(columns):
         import pyarrow as pa
 
         for group in _grouped(columns, PREDICT_ROWS):
-            x = np.concatenate([D.arrow_tensor(column, name) for column in group])
+            x = np.concatenate([A.arrow_tensor(column, name) for column in group])
             out = np.asarray(predict(x))
             start = 0
             for column in group:  # one output array per input array, of the same length
@@ -278,7 +279,7 @@ def _evaluate_arrow(df, task, features_col, label_col, weight_col) -> list[tuple
     """``task`` over each partition's block, through ``mapInArrow`` (no RDD: works under Spark Connect)."""
     import json
 
-    read = D.arrow_block_reader(features_col, label_col, weight_col)
+    read = A.arrow_block_reader(features_col, label_col, weight_col)
 
     def parts(batches):
         import pyarrow as pa
@@ -286,7 +287,7 @@ def _evaluate_arrow(df, task, features_col, label_col, weight_col) -> list[tuple
         out = task(D.concat_blocks(read(batch) for batch in batches if batch.num_rows))
         yield pa.RecordBatch.from_arrays([pa.array([json.dumps(out)])], ["parts"])
 
-    rows = D.selected_dataframe(df, features_col, label_col, weight_col).mapInArrow(parts, "parts string").collect()
+    rows = A.selected_dataframe(df, features_col, label_col, weight_col).mapInArrow(parts, "parts string").collect()
     return [tuple(part) for row in rows for part in json.loads(row[0])]
 
 

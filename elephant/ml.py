@@ -270,8 +270,8 @@ def _to_numpy(df: Any, features_col: str, label_col: str) -> tuple:
     """The held-out rows on the driver, as ``(x, y)`` numpy arrays."""
     import numpy as np
 
-    from elephant import data as D
+    from elephant import arrow as A
 
-    table = D.selected_dataframe(df, features_col, label_col).toPandas()
+    table = A.selected_dataframe(df, features_col, label_col).toPandas()
     x = np.stack([np.asarray(v, dtype=np.float32) for v in table.iloc[:, 0]]) if len(table) else np.empty((0,))
     return x, table.iloc[:, 1].to_numpy()

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from elephant import arrow as A
 from elephant import data as D
 from elephant.errors import ConfigError, DataError
 from elephant.fit.plan import decide_workers
 
-__all__ = ["DataFrameSource", "NumpySource", "RDDSource", "Source", "Training", "source"]
+__all__ = ["DataFrameSource", "NumpySource", "RDDSource", "Source", "Training", "release", "shipped_blocks", "source"]
 
 
 @dataclasses.dataclass
@@ -165,7 +166,7 @@ class NumpySource(Source):
             w = D.class_weights_to_sample_weights(y, args.class_weight)
         num_workers = decide_workers(requested, self.available_workers(sc), samples=n)
         blocks = D.split_numpy(x, y, num_workers, seed=seed, sample_weight=w)
-        return Training(D.shipped_blocks(sc, blocks), num_workers, n, validation)
+        return Training(shipped_blocks(sc, blocks), num_workers, n, validation)
 
 
     def bootstrap(self, seed: int) -> tuple[Any, Any]:
@@ -209,7 +210,7 @@ class DataFrameSource(Source):
                        features_col: str | Sequence[str] = "features", label_col: str = "label",
                        weight_col: str | None = None, sample_weight: Any = None):
         """Arrow batches of the named columns as blocks, in the DataFrame's own partitions."""
-        return D.dataframe_blocks(self.x, features_col, label_col, weight_col)
+        return A.dataframe_blocks(self.x, features_col, label_col, weight_col)
 
 
 def source(x: Any, y: Any = None) -> Source:
@@ -224,3 +225,24 @@ def source(x: Any, y: Any = None) -> Source:
     if D.is_dataframe(x):
         return DataFrameSource(x, y)
     return NumpySource(x, y)
+
+
+def shipped_blocks(sc, blocks: Sequence[tuple]):
+    """A cached RDD with ``blocks[i]`` as partition ``i``, each block shipped once, as its own broadcast.
+
+    ``sc.parallelize(blocks)`` would put the data inside the tasks: every
+    epoch's job would carry the whole training set again (and Spark warns of
+    tasks of many megabytes). A broadcast travels once to each executor that
+    reads it, and each task reads only its own block. Free with :func:`release`.
+    """
+    broadcasts = [sc.broadcast(block) for block in blocks]
+    rdd = sc.parallelize(range(len(blocks)), len(blocks)).map(lambda i: broadcasts[i].value).cache()
+    rdd.elephant_broadcasts = broadcasts
+    return rdd
+
+
+def release(rdd) -> None:
+    """Unpersist a training RDD, and destroy the broadcasts of :func:`shipped_blocks` behind it."""
+    rdd.unpersist()
+    for broadcast in getattr(rdd, "elephant_broadcasts", ()):
+        broadcast.destroy()

@@ -18,7 +18,7 @@ from elephant import session
 from elephant.config import FitArgs, Settings
 from elephant.errors import DataError, PSError
 from elephant.fit.epoch import collect_checked
-from elephant.sources import Source
+from elephant.sources import Source, release
 from elephant.worker import TaskSpec
 
 __all__ = ["ClassicRun", "start_server", "training_rdd"]
@@ -41,7 +41,7 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
                     rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), D.shape_summary(b)) for b in it]]).collect)
             rdd.elephant_samples = D.checked_samples(model, [s[0] for s in summary if s])
         except DataError:
-            D.release(rdd)
+            release(rdd)
             raise
     else:
         rdd.elephant_samples = training.samples
@@ -143,4 +143,4 @@ class ClassicRun:
             self.sc.setLocalProperty("spark.jobGroup.id", None)
         if self._broadcast is not None:
             self._broadcast.unpersist()
-        D.release(self.rdd)
+        release(self.rdd)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from elephant import arrow as A
 from elephant import checkpoint
 from elephant import data as D
 from elephant import session
@@ -114,8 +115,8 @@ class HostedRun:
                 f"server), but num_workers={self.num_workers} exceeds the {slots} task slots of this cluster; "
                 "lower num_workers")
         columns = (args.features_col, args.label_col, args.weight_col)
-        self._blocks = _block_stream(D.arrow_block_reader(*columns), args.class_weight)
-        self.df = D.selected_dataframe(x, *columns).repartition(self.num_workers).cache()
+        self._blocks = _block_stream(A.arrow_block_reader(*columns), args.class_weight)
+        self.df = A.selected_dataframe(x, *columns).repartition(self.num_workers).cache()
         self._tag = None
         try:
             self.samples = self._check(model)
@@ -276,7 +277,7 @@ def encode_result(stats: list[dict], outcome) -> bytes:
         }
         arrays = list(outcome.center) + state_arrays
     text = json.dumps(header, default=_plain).encode()
-    return len(text).to_bytes(4, "little") + text + D.pack_arrays(arrays)
+    return len(text).to_bytes(4, "little") + text + A.pack_arrays(arrays)
 
 
 def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
@@ -286,7 +287,7 @@ def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
 
     size = int.from_bytes(data[:4], "little")
     header = json.loads(data[4:4 + size])
-    arrays = list(D.unpack_arrays(data[4 + size:]))
+    arrays = list(A.unpack_arrays(data[4 + size:]))
     found = header["outcome"]
     if found is None:
         return header["stats"], None

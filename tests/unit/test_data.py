@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from elephant import arrow as A
 from elephant import data as D
 from elephant.errors import DataError
 
@@ -164,26 +165,26 @@ def test_arrow_tensor_turns_list_nested_and_scalar_columns_into_sample_arrays():
     pa = pytest.importorskip("pyarrow")
     rows = [[float(i), float(i) + 0.5, -1.0] for i in range(5)]
     column = pa.array(rows, pa.list_(pa.float64()))
-    x = D.arrow_tensor(column.slice(1, 3), "features")  # a slice keeps its offsets
+    x = A.arrow_tensor(column.slice(1, 3), "features")  # a slice keeps its offsets
     assert x.dtype == np.float32
     np.testing.assert_array_equal(x, np.asarray(rows[1:4], dtype=np.float32))
     images = pa.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]]], pa.list_(pa.list_(pa.int32())))
-    np.testing.assert_array_equal(D.arrow_tensor(images, "image"), np.arange(1, 9).reshape(2, 2, 2))
-    assert D.arrow_tensor(pa.array([1.5, 2.5]), "x").shape == (2, 1)
-    labels = D.arrow_tensor(pa.array([3, 1, 2], pa.int64()), "label", dtype=None)
+    np.testing.assert_array_equal(A.arrow_tensor(images, "image"), np.arange(1, 9).reshape(2, 2, 2))
+    assert A.arrow_tensor(pa.array([1.5, 2.5]), "x").shape == (2, 1)
+    labels = A.arrow_tensor(pa.array([3, 1, 2], pa.int64()), "label", dtype=None)
     assert labels.dtype == np.int64 and labels.tolist() == [3, 1, 2]
-    one_hot = D.arrow_tensor(pa.array([[0.0, 1.0], [1.0, 0.0]]), "label", dtype=None)
+    one_hot = A.arrow_tensor(pa.array([[0.0, 1.0], [1.0, 0.0]]), "label", dtype=None)
     assert one_hot.shape == (2, 2)
 
 
 def test_arrow_tensor_refuses_ragged_arrays_and_nulls_naming_the_column():
     pa = pytest.importorskip("pyarrow")
     with pytest.raises(DataError, match=r"column 'features' holds arrays of different lengths \(2 to 3\)"):
-        D.arrow_tensor(pa.array([[1.0, 2.0], [1.0, 2.0, 3.0]]), "features")
+        A.arrow_tensor(pa.array([[1.0, 2.0], [1.0, 2.0, 3.0]]), "features")
     with pytest.raises(DataError, match=r"column 'label' holds 1 null"):
-        D.arrow_tensor(pa.array([1, None, 3]), "label", dtype=None)
+        A.arrow_tensor(pa.array([1, None, 3]), "label", dtype=None)
     with pytest.raises(DataError, match=r"column 'features' holds 1 null element"):
-        D.arrow_tensor(pa.array([[1.0, None], [1.0, 2.0]]), "features")
+        A.arrow_tensor(pa.array([[1.0, None], [1.0, 2.0]]), "features")
 
 
 def test_packed_arrays_round_trip_without_pickle():
@@ -191,7 +192,7 @@ def test_packed_arrays_round_trip_without_pickle():
     y = np.array([1, 0, 2], dtype=np.int64)
     w = np.array([0.5, 1.0, 2.0], dtype=np.float32)
     for block in [(x, y), (x, None), (x, y, w), (x[:0], y[:0])]:
-        back = D.unpack_arrays(D.pack_arrays(block))
+        back = A.unpack_arrays(A.pack_arrays(block))
         assert len(back) == len(block)
         for a, b in zip(block, back):
             if a is None:
@@ -204,4 +205,4 @@ def test_packed_arrays_round_trip_without_pickle():
 def test_arrow_tensor_refuses_text_columns():
     pa = pytest.importorskip("pyarrow")
     with pytest.raises(DataError, match=r"column 'label' holds string values; expected numbers"):
-        D.arrow_tensor(pa.array(["cat", "dog"]), "label", dtype=None)
+        A.arrow_tensor(pa.array(["cat", "dog"]), "label", dtype=None)

@@ -20,7 +20,7 @@ ROOT = pathlib.Path(elephant.__file__).parent
 LAYERS = [
     ("ground", ["errors", "weights"]),
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire"]),
-    ("pure state and checks", ["ps.rounds", "ps.store", "data", "config", "checkpoint", "combine", "model_io"]),
+    ("pure state and checks", ["ps.rounds", "ps.store", "data", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
     ("Keras worker", ["worker"]),
     ("Spark", ["session", "warmup", "daemon"]),
