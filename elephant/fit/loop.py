@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from elephant import checkpoint
 from elephant import data as D
 from elephant import session
@@ -30,13 +32,12 @@ from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warn
                                    validates_after)
 from elephant.fit.report import FitReport
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
-from elephant.optimizers.base import settable_learning_rate
 from elephant.sources import Source, source
 from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fit_session", "replica_structure", "run_fit"]
+__all__ = ["fit_session", "follow_learning_rate", "replica_structure", "run_fit", "settable_learning_rate"]
 
 
 def check_inputs(model, data: Source, args: FitArgs) -> FitArgs:
@@ -110,6 +111,17 @@ def replica_structure(model, custom_objects) -> str:
     replica would run its old code.
     """
     return "" if custom_objects else structure_fingerprint(model)
+
+
+def settable_learning_rate(local: Any) -> float | None:
+    """The current learning rate of a compiled Keras optimizer, or None if it is a schedule (not settable)."""
+    import keras
+
+    inner = getattr(local, "inner_optimizer", local)  # a LossScaleOptimizer's rate is its inner one's
+    rate = getattr(inner, "_learning_rate", None)
+    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+        return None
+    return float(np.asarray(keras.ops.convert_to_numpy(rate)))
 
 
 def follow_learning_rate(local, previous: float | None, store) -> float | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, adapts_step_size, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.local import adapts_step_size
 
 
 def check_step_scale(step_scale):

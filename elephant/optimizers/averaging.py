@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from elephant import weights as W
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, register
 from elephant.optimizers.outer import OuterMomentum
 
 

@@ -475,29 +475,6 @@ def check_overlap(overlap: Any, optimizer: DistributedOptimizer, mode: str) -> b
     return overlap
 
 
-def overlap_warning(overlap: bool, mode: str, window: int | None, num_workers: int) -> str | None:
-    """The fit-start warning for ``overlap=True`` where the convergence benchmark measured a loss, else None."""
-    if not overlap or num_workers < 2:
-        return None
-    if mode == "synchronous" and num_workers >= 4:
-        return (
-            f"overlap=True in synchronous mode with {num_workers} workers: the steps taken while a round closes "
-            "start from weights that miss that round's average; benchmarks/convergence.py (simulator, 3 seeds) "
-            "measured the synchronous default at 4 workers 3.8 points behind blocking rounds on the Conv1D task and "
-            "1.3 on the tabular one (elsewhere, and at 2 workers, within 0.7 point or 1.8 % of the regression's "
-            "loss; EASGD at its window of 32 unchanged). Use overlap=False or fewer workers."
-        )
-    if window is not None and window < 5:
-        return (
-            f"overlap=True with a window of {window} steps: each delta then misses the center updates of one more "
-            "flight, which doubles the staleness of short windows; benchmarks/convergence.py measured DOWNPOUR and "
-            "DC-ASGD at window 1 up to 10 points further behind plain Keras at 2 workers and 19 at 4 with overlap "
-            "than without (no loss for AGN, DynSGD and AEASGD at windows of 5 to 32). Use a longer window or "
-            "overlap=False."
-        )
-    return None
-
-
 def worker_batch_size(batch_size: int, num_workers: int, split: bool) -> int:
     """Each worker's batch: ``ceil(batch_size / num_workers)`` when ``split``, else ``batch_size``.
 
@@ -507,41 +484,3 @@ def worker_batch_size(batch_size: int, num_workers: int, split: bool) -> int:
     center's progress per epoch equal to plain training's.
     """
     return -(-int(batch_size) // int(num_workers)) if split else int(batch_size)
-
-
-#: Keras optimizers that divide each step by a running magnitude of the gradient (or
-#: take its sign), so that a smaller batch gives noisier steps but not smaller ones.
-ADAPTIVE_OPTIMIZERS = frozenset(
-    {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lion", "Lamb"}
-)
-
-
-def settable_learning_rate(local: Any) -> float | None:
-    """The current learning rate of a compiled Keras optimizer, or None if it is a schedule (not settable)."""
-    import keras
-
-    inner = getattr(local, "inner_optimizer", local)  # a LossScaleOptimizer's rate is its inner one's
-    rate = getattr(inner, "_learning_rate", None)
-    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
-        return None
-    return float(np.asarray(keras.ops.convert_to_numpy(rate)))
-
-
-def adapts_step_size(local: Any) -> bool:
-    """Whether a Keras optimizer normalises its steps (Adam, RMSprop, Adagrad, ...; not SGD).
-
-    Duck-typed on the class names of ``type(local).__mro__`` (a subclass of
-    ``Adam`` counts), looking through a ``LossScaleOptimizer``; an unknown
-    optimizer counts as not adaptive.
-    """
-    local = getattr(local, "inner_optimizer", None) or local
-    return any(cls.__name__ in ADAPTIVE_OPTIMIZERS for cls in type(local).__mro__)
-
-
-def local_setting(local: Any, name: str) -> Any:
-    """A Keras optimizer's hyperparameter as a Python value (float32 variables read as 6-digit floats)."""
-    value = getattr(local, name, None)
-    try:
-        return float(f"{float(value):.6g}")
-    except (TypeError, ValueError):
-        return value

@@ -16,7 +16,8 @@ import logging
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, check_number, local_setting, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.local import local_setting
 
 logger = logging.getLogger(__name__)
 

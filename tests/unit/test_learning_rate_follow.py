@@ -14,7 +14,7 @@ from elephant import worker  # noqa: E402
 from elephant.errors import PSError, ProtocolError  # noqa: E402
 from elephant.fit.loop import follow_learning_rate as _follow_learning_rate  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
-from elephant.optimizers.base import settable_learning_rate  # noqa: E402
+from elephant.fit.loop import settable_learning_rate  # noqa: E402
 from elephant.ps.client import InProcessClient  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 from tests.unit.helpers import tiny_model  # noqa: E402

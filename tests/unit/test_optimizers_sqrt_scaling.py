@@ -14,7 +14,7 @@ import pytest
 
 from elephant.errors import ConfigError
 from elephant.optimizers import Commit, get
-from elephant.optimizers.base import adapts_step_size
+from elephant.optimizers.local import adapts_step_size
 
 keras = pytest.importorskip("keras")
 
