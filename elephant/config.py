@@ -71,6 +71,25 @@ def _check_count(name: str, value: Any) -> int:
     return int(value)
 
 
+class _Fields:
+    """Class methods over a settings dataclass's fields, the one place each is defined."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The field names, in order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each field's default."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]):
+        """An instance from the entries of ``values`` named as fields (a caller's ``locals()``); others are left."""
+        return cls(**{name: values[name] for name in cls.names() if name in values})
+
+
 def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimizer) -> int | None:
     """Local steps per commit: None means one commit per partition pass."""
     if frequency == "epoch":
@@ -83,7 +102,7 @@ def resolve_window(frequency: str | int | None, optimizer: O.DistributedOptimize
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(_Fields):
     """How a :class:`~elephant.SparkModel` trains; the arguments are documented there.
 
     ``optimizer`` may be given as a name, config dict or instance; it is held
@@ -154,15 +173,8 @@ class Settings:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
         """The settings a :meth:`to_config` dict holds; keys of other versions are ignored."""
-        return cls(**{k: v for k, v in config.items() if k in cls.names()})
+        return cls.of(config)
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
 #: Arguments of ``keras.Model.fit``, ``evaluate`` and ``predict`` that elephant refuses for now,
@@ -206,7 +218,7 @@ def check_validation_freq(freq: Any) -> int | tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class FitArgs:
+class FitArgs(_Fields):
     """The arguments of one ``SparkModel.fit`` call besides the data: Keras' own, and the column names.
 
     ``batch_size`` None is Keras' 32, and ``validation_batch_size`` None is
@@ -256,6 +268,3 @@ class FitArgs:
             raise ConfigError("`callbacks` must be a list of keras.callbacks.Callback; "
                               f"received {type(self.callbacks).__name__}")
 
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        return {f.name: f.default for f in dataclasses.fields(cls)}

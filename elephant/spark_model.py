@@ -124,11 +124,7 @@ class SparkModel:
     ):
         _check_model(model)
         self.model = model
-        self.settings = Settings(
-            mode=mode, frequency=frequency, optimizer=optimizer, num_workers=num_workers, read_timeout=read_timeout,
-            seed=seed, batch_split=batch_split, overlap=overlap, epoch_retries=epoch_retries, on_failure=on_failure,
-            norm_guard=norm_guard,
-        )
+        self.settings = Settings.of(locals())  # the arguments named as Settings' fields
         mismatch = self.optimizer.local_optimizer_mismatch(model.optimizer)
         if mismatch:
             log.warning(mismatch)
@@ -236,13 +232,7 @@ class SparkModel:
         from elephant.fit.loop import run_fit
 
         refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
-        args = FitArgs(
-            batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
-            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
-            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
-            features_col=features_col, label_col=label_col, weight_col=weight_col,
-        )
+        args = FitArgs.of(locals())  # the arguments named as FitArgs' fields
         report = FitReport()
         self.job_group = report.job_group
         try:

@@ -85,3 +85,19 @@ def test_the_spark_ml_stages_default_to_sparkmodels_settings():
     assert get(estimator.mode) == settings.mode
     assert _frequency_value(get(estimator.frequency)) == settings.frequency  # the optimizer's own window
     assert get(estimator.epochs) == FitArgs().epochs and get(estimator.batchSize) == FitArgs().batch_size
+
+
+def test_sparkmodel_takes_every_setting_and_fit_every_fit_argument_with_the_same_defaults():
+    """A field added to Settings or FitArgs reaches the façade's signature, with one default."""
+    import inspect
+
+    from elephant import SparkModel
+
+    for function, fields in ((SparkModel.__init__, Settings), (SparkModel.fit, FitArgs)):
+        params = inspect.signature(function).parameters
+        assert set(fields.names()) <= set(params), function.__qualname__
+        assert {n: params[n].default for n in fields.names()} == fields.defaults(), function.__qualname__
+
+
+def test_of_takes_the_named_entries_only():
+    assert Settings.of({"mode": "hogwild", "model": object(), "self": None}).mode == "hogwild"
