@@ -5,7 +5,9 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.wire` -- safetensors-layout messages, strict decoding, no pickle;
 * :mod:`elephant.ps.store` -- center weights, clock, idempotency, rounds (no HTTP);
 * :mod:`elephant.ps.app` -- Flask app factory, thin authenticated routes;
-* :mod:`elephant.ps.server` -- thread-hosted WSGI server with a bounded pool;
+* :mod:`elephant.ps.gate` -- one selector thread that reads request heads and checks the token;
+* :mod:`elephant.ps.http` -- a bounded pool of keep-alive handlers behind the gate;
+* :mod:`elephant.ps.server` -- the server's lifecycle in a driver thread (port 0, readiness, stop);
 * :mod:`elephant.ps.client` -- ``requests`` client with timeouts and safe retries,
   and an in-process client with the same methods.
 

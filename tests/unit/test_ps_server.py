@@ -414,7 +414,7 @@ def test_requests_sent_in_one_packet_are_all_answered_in_order():
 def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkeypatch):
     import platform
 
-    from elephant.ps.server import map_large_allocations
+    from elephant.ps.allocator import map_large_allocations
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4096")
     assert map_large_allocations() is False  # the user's own setting stands
