@@ -8,8 +8,9 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.gate` -- one selector thread that reads request heads and checks the token;
 * :mod:`elephant.ps.http` -- a bounded pool of keep-alive handlers behind the gate;
 * :mod:`elephant.ps.server` -- the server's lifecycle in a driver thread (port 0, readiness, stop);
-* :mod:`elephant.ps.client` -- ``requests`` client with timeouts and safe retries,
-  and an in-process client with the same methods.
+* :mod:`elephant.ps.transport` -- how a client's bytes travel (its own connections, or a session);
+* :mod:`elephant.ps.client` -- HTTP client with timeouts and safe retries, and an
+  in-process client with the same methods.
 
 Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """
