@@ -36,10 +36,10 @@ _LAZY = {
     "InProcessClient": "elephant.ps.client",
     "PSClient": "elephant.ps.client",
     "PSServer": "elephant.ps.server",
-    "RoundTimeoutError": "elephant.ps.store",
-    "StaleAttemptError": "elephant.ps.store",
+    "RoundTimeoutError": "elephant.errors",
+    "StaleAttemptError": "elephant.errors",
     "Store": "elephant.ps.store",
-    "StoreClosedError": "elephant.ps.store",
+    "StoreClosedError": "elephant.errors",
     "create_app": "elephant.ps.app",
 }
 

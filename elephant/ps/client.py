@@ -10,7 +10,7 @@ every commit carries an idempotency key, so a commit whose response was lost
 is acknowledged, not applied twice, when it is re-sent. HTTP 4xx, 500 (a
 server-rule failure) and 504 (round timeout) are final answers. Every failure
 is a :class:`~elephant.errors.PSError` naming what was attempted and the
-server's ``host:port``; 409 is :class:`~elephant.ps.store.StaleAttemptError`.
+server's ``host:port``; 409 is :class:`~elephant.errors.StaleAttemptError`.
 
 How the bytes travel is :mod:`elephant.ps.transport`: the client's own
 keep-alive connections for an ``http://`` URL, or a ``requests.Session``
@@ -29,10 +29,11 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from elephant.errors import ConfigError, DataError, PSError, ProtocolError
+from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError
 from elephant.optimizers.base import Commit, Reply
 from elephant.ps import wire
-from elephant.ps.store import CommitKey, StaleAttemptError, Store
+from elephant.ps.wire import CommitKey
+from elephant.ps.store import Store
 from elephant.ps.transport import Transient, TransportFailed, open_transport
 
 if TYPE_CHECKING:

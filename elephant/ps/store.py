@@ -40,7 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from elephant.errors import ConfigError, ElephantError, PSError, ProtocolError
+from elephant.errors import (
+    ConfigError,
+    ElephantError,
+    NormGuardError,
+    PSError,
+    ProtocolError,
+    RolledBackError,
+    RoundTimeoutError,
+    StaleAttemptError,
+    StoreClosedError,
+)
 from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply
 from elephant.ps.rounds import RoundsMixin, _Epoch, ssp_admitted
 from elephant.ps.wire import CommitKey, all_finite
@@ -58,26 +68,6 @@ _COUNTERS = (
 
 #: Commits whose norms the guard remembers, and how many it needs before it judges.
 NORM_WINDOW, NORM_WARMUP = 64, 16
-
-
-class StaleAttemptError(PSError):
-    """A commit or finish came from a Spark task attempt superseded by a newer one."""
-
-
-class RoundTimeoutError(PSError):
-    """A synchronous round or an SSP admission waited longer than ``round_timeout``."""
-
-
-class StoreClosedError(PSError):
-    """The store was closed: the parameter server is stopping."""
-
-
-class NormGuardError(ProtocolError):
-    """A commit whose norm is far beyond the run's recent ones (``norm_guard``); nothing was applied."""
-
-
-class RolledBackError(StaleAttemptError):
-    """The request belongs to an epoch try that the driver rolled back (HTTP 409, as a superseded attempt)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,13 +14,13 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from elephant.errors import ConfigError, PSError
+from elephant.errors import ConfigError, PSError, StaleAttemptError
 from elephant.optimizers import Commit, Downpour, ModelAveraging
 from elephant.ps import wire
 from elephant.ps.app import create_app
 from elephant.ps.client import InProcessClient, PSClient
 from elephant.ps.server import PSServer
-from elephant.ps.store import CommitKey, StaleAttemptError, Store
+from elephant.ps.store import CommitKey, Store
 
 RUN = "r"
 TOKEN = "tok"
