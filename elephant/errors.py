@@ -7,7 +7,20 @@ parameter-server address it concerns.
 
 from __future__ import annotations
 
-__all__ = ["ElephantError", "ConfigError", "DataError", "PSError", "ProtocolError", "FitError"]
+__all__ = [
+    "ElephantError",
+    "ConfigError",
+    "ScheduleError",
+    "DataError",
+    "PSError",
+    "StaleAttemptError",
+    "RolledBackError",
+    "RoundTimeoutError",
+    "StoreClosedError",
+    "ProtocolError",
+    "NormGuardError",
+    "FitError",
+]
 
 
 class ElephantError(Exception):
@@ -23,6 +36,10 @@ class ConfigError(ElephantError, ValueError):
     """A setting is unknown, out of range, or cannot be combined with another."""
 
 
+class ScheduleError(ConfigError):
+    """A schedule is malformed, an event is impossible, or a blocked worker's event came up."""
+
+
 class DataError(ElephantError, ValueError):
     """Input data is empty, mis-shaped, or does not match the model."""
 
@@ -31,8 +48,28 @@ class PSError(ElephantError, RuntimeError):
     """The parameter server could not be reached or refused a request."""
 
 
+class StaleAttemptError(PSError):
+    """A commit or finish came from a Spark task attempt superseded by a newer one."""
+
+
+class RolledBackError(StaleAttemptError):
+    """The request belongs to an epoch try that the driver rolled back (HTTP 409, as a superseded attempt)."""
+
+
+class RoundTimeoutError(PSError):
+    """A synchronous round or an SSP admission waited longer than ``round_timeout``."""
+
+
+class StoreClosedError(PSError):
+    """The store was closed: the parameter server is stopping."""
+
+
 class ProtocolError(ElephantError, ValueError):
     """A message on the wire is malformed (bad header, count, shape, dtype or value)."""
+
+
+class NormGuardError(ProtocolError):
+    """A commit whose norm is far beyond the run's recent ones (``norm_guard``); nothing was applied."""
 
 
 class FitError(ElephantError, RuntimeError):

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from elephant import weights as W
-from elephant.errors import ConfigError
+from elephant.errors import ConfigError, ScheduleError
 from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply, check_overlap, tree_map
 from elephant.optimizers.steps import GradFn, LocalStep, nesterov, quadratic, sgd
 
@@ -81,10 +81,6 @@ __all__ = [
 Weights = list[np.ndarray]
 
 KINDS = ("pull", "step", "commit", "finish")
-
-
-class ScheduleError(ConfigError):
-    """A schedule is malformed, an event is impossible, or a blocked worker's event came up."""
 
 
 # ------------------------------------------------------------------ the trace

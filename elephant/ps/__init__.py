@@ -5,9 +5,12 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.wire` -- safetensors-layout messages, strict decoding, no pickle;
 * :mod:`elephant.ps.store` -- center weights, clock, idempotency, rounds (no HTTP);
 * :mod:`elephant.ps.app` -- Flask app factory, thin authenticated routes;
-* :mod:`elephant.ps.server` -- thread-hosted WSGI server with a bounded pool;
-* :mod:`elephant.ps.client` -- ``requests`` client with timeouts and safe retries,
-  and an in-process client with the same methods.
+* :mod:`elephant.ps.gate` -- one selector thread that reads request heads and checks the token;
+* :mod:`elephant.ps.http` -- a bounded pool of keep-alive handlers behind the gate;
+* :mod:`elephant.ps.server` -- the server's lifecycle in a driver thread (port 0, readiness, stop);
+* :mod:`elephant.ps.transport` -- how a client's bytes travel (its own connections, or a session);
+* :mod:`elephant.ps.client` -- HTTP client with timeouts and safe retries, and an
+  in-process client with the same methods.
 
 Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """
@@ -33,10 +36,10 @@ _LAZY = {
     "InProcessClient": "elephant.ps.client",
     "PSClient": "elephant.ps.client",
     "PSServer": "elephant.ps.server",
-    "RoundTimeoutError": "elephant.ps.store",
-    "StaleAttemptError": "elephant.ps.store",
+    "RoundTimeoutError": "elephant.errors",
+    "StaleAttemptError": "elephant.errors",
     "Store": "elephant.ps.store",
-    "StoreClosedError": "elephant.ps.store",
+    "StoreClosedError": "elephant.errors",
     "create_app": "elephant.ps.app",
 }
 

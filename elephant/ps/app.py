@@ -31,9 +31,17 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from elephant import weights as W
-from elephant.errors import ConfigError, DataError, PSError, ProtocolError
+from elephant.errors import (
+    ConfigError,
+    DataError,
+    PSError,
+    ProtocolError,
+    RoundTimeoutError,
+    StaleAttemptError,
+    StoreClosedError,
+)
 from elephant.ps import wire
-from elephant.ps.store import RoundTimeoutError, StaleAttemptError, Store, StoreClosedError
+from elephant.ps.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -3,62 +3,49 @@
 Both have the same methods (``health``, ``pull``, ``commit``, ``finish``,
 ``metrics``, ``close``), so the worker loop never knows which one it has.
 
-:class:`PSClient` uses one ``requests.Session`` (keep-alive) with explicit
+:class:`PSClient` keeps its connections alive and sends with explicit
 ``(connect, read)`` timeouts. Pull, commit and finish are retried a bounded
 number of times on connection errors, timeouts and HTTP 502/503: safe because
 every commit carries an idempotency key, so a commit whose response was lost
 is acknowledged, not applied twice, when it is re-sent. HTTP 4xx, 500 (a
 server-rule failure) and 504 (round timeout) are final answers. Every failure
 is a :class:`~elephant.errors.PSError` naming what was attempted and the
-server's ``host:port``; 409 is :class:`~elephant.ps.store.StaleAttemptError`.
+server's ``host:port``; 409 is :class:`~elephant.errors.StaleAttemptError`.
 
-Transport. A client made without ``session=`` for an ``http://`` URL keeps its
-own keep-alive connections (standard-library ``http.client``, TCP_NODELAY, one
-per thread that is using the client at once): a small round trip is mostly
-fixed CPU, and urllib3's connection pool and response object cost 0.17 ms more
-per 32 KB commit than this (0.56 against 0.39 ms of client CPU,
-docs/parameter_server.md). With a ``session=`` (or an ``https://`` URL),
-requests' standard ``HTTPAdapter`` is used through its urllib3 pool, and any
-other adapter through its ``send``: that is the transport seam, so tests can
-pass a ``requests.Session`` with a mounted in-memory adapter and run without a
-socket.
+How the bytes travel is :mod:`elephant.ps.transport`: the client's own
+keep-alive connections for an ``http://`` URL, or a ``requests.Session``
+given as ``session=`` (the seam that lets tests run without a socket).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import random
-import select
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
-import requests
-import urllib3
-from requests.adapters import HTTPAdapter
 
-from elephant.errors import ConfigError, DataError, PSError, ProtocolError
+from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError
 from elephant.optimizers.base import Commit, Reply
 from elephant.ps import wire
-from elephant.ps.store import CommitKey, StaleAttemptError, Store
+from elephant.ps.wire import CommitKey
+from elephant.ps.store import Store
+from elephant.ps.transport import Transient, TransportFailed, open_transport
+
+if TYPE_CHECKING:
+    import requests
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PSClient", "InProcessClient"]
 
 _RETRY_STATUSES = frozenset({502, 503})
-_RETRY_EXCEPTIONS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 _MAX_BACKOFF = 5.0
 _JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-class _Transient(Exception):
-    """A transport failure worth retrying (connection refused or reset, timeout, short body)."""
 
 
 def _commit_what(key: CommitKey, attempt: int) -> str:
@@ -91,9 +78,11 @@ class PSClient:
             and metrics. Default 3.
         backoff: base of the jittered exponential backoff between tries, in
             seconds (``backoff * 2**i``, capped at 5 s). Default 0.1.
-        session: a ``requests.Session`` to use (the transport seam); default a
-            new one that ignores proxy environment variables (``trust_env=False``),
-            closed by :meth:`close`.
+        session: a ``requests.Session`` to send through (the transport seam),
+            left open by :meth:`close`. Default: the client's own keep-alive
+            connections for an ``http://`` URL; for ``https://`` a new session
+            that ignores proxy environment variables (``trust_env=False``),
+            closed by :meth:`close` (see :mod:`elephant.ps.transport`).
 
     Raises:
         ConfigError: the URL or a setting is invalid.
@@ -125,17 +114,10 @@ class PSClient:
         self._timeout = (float(connect_timeout), float(read_timeout))
         self._retries = retries
         self._backoff = float(backoff)
-        self._owns_session = session is None
-        self._direct = _DirectConnections(parts.hostname, parts.port, self._timeout) \
-            if session is None and parts.scheme == "http" else None
-        if session is None:
-            session = requests.Session()
-            session.trust_env = False  # no proxy or .netrc lookups: the PS is reached directly
-        self._session = session
+        self._transport = open_transport(url, self._timeout, session)
         self._headers = {"Authorization": f"Bearer {token}"}
-        self._pool_timeout = urllib3.Timeout(connect=self._timeout[0], read=self._timeout[1])
 
-    # --------------------------------------------------------------- transport
+    # --------------------------------------------------------------- requests
     def _request(self, method: str, path: str, what: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """Send with bounded retries; returns the fully read body of a 2xx response."""
         headers = {**self._headers, **headers} if headers else self._headers
@@ -147,12 +129,12 @@ class PSClient:
                 logger.info("%s to %s: retry %d/%d in %.2f s after %s", what, self.address, i, self._retries, delay, last)
                 time.sleep(delay)
             try:
-                status, payload = self._send(method, path, body, headers)  # the body is read in the retry scope
-            except _Transient as exc:
+                status, payload = self._transport.send(method, path, body, headers)  # the body is read in the retry scope
+            except Transient as exc:
                 last = str(exc)
                 continue
-            except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-                raise PSError(f"{what} to parameter server {self.address} failed: {type(exc).__name__}: {exc}") from None
+            except TransportFailed as exc:
+                raise PSError(f"{what} to parameter server {self.address} failed: {exc}") from None
             if status < 300:
                 return payload
             reason = _reason(payload)
@@ -162,40 +144,6 @@ class PSClient:
             error = StaleAttemptError if status == 409 else PSError
             raise error(_rejected(what, f"parameter server {self.address}, HTTP {status}", reason))
         raise PSError(f"{what} to parameter server {self.address} failed after {attempts} attempts: {last}")
-
-    def _send(self, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
-        if self._direct is not None:
-            return self._direct.send(method, path, _joined(body), headers)
-        adapter = self._session.get_adapter(self._base)
-        if type(adapter) is HTTPAdapter:
-            return self._send_pooled(adapter, method, path, body, headers)
-        prepared = requests.Request(method, self._base + path, headers=headers, data=body).prepare()
-        try:
-            response = adapter.send(prepared, timeout=self._timeout, stream=True)
-            return response.status_code, _read_body(response)
-        except _RETRY_EXCEPTIONS as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-
-    def _send_pooled(self, adapter: HTTPAdapter, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
-        if body is not None:
-            headers = {**headers, "Content-Length": str(len(body))}  # Encoded's len is its byte count
-            body = _joined(body)
-        pool = adapter.poolmanager.connection_from_url(self._base)
-        response = None
-        try:
-            response = pool.urlopen(
-                method, path, body=body, headers=headers, retries=False, redirect=False, assert_same_host=False,
-                timeout=self._pool_timeout, preload_content=False, decode_content=False, release_conn=False,
-            )
-            return response.status, _read_exactly(response._fp, response.headers.get("Content-Length", ""), response)
-        except (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError,
-                urllib3.exceptions.NewConnectionError, OSError, http.client.HTTPException) as exc:
-            if response is not None:
-                response.close()  # the connection is in an unknown state
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            if response is not None:
-                response.release_conn()  # back to the pool (a closed connection reconnects on next use)
 
     # ------------------------------------------------------------------ API
     def health(self) -> dict[str, Any]:
@@ -232,11 +180,8 @@ class PSClient:
             raise PSError(f"{what}: parameter server {self.address} sent an invalid reply: {exc}") from None
 
     def close(self) -> None:
-        """Close the session and connections (if this client created them)."""
-        if self._direct is not None:
-            self._direct.close()
-        if self._owns_session:
-            self._session.close()
+        """Close the connections, and the session if this client created it."""
+        self._transport.close()
 
     def __enter__(self) -> PSClient:
         return self
@@ -257,125 +202,6 @@ def _rejected(what: str, where: str, reason: Any) -> str:
     if reason.startswith(what):
         return f"{reason} (rejected by {where})"
     return f"{what} rejected by {where}: {reason}"
-
-
-_JOIN_BELOW = 256 * 1024  # request bodies up to this size are sent as one buffer
-
-
-def _joined(body: Any) -> Any:
-    """A small encoded body as one buffer (one send instead of one per tensor); others as they are."""
-    if isinstance(body, wire.Encoded) and body.nbytes <= _JOIN_BELOW:
-        return body.tobytes()
-    return body
-
-
-def _readable(sock: Any) -> bool:
-    """Whether ``sock`` has data or EOF waiting, without blocking (``poll``: no descriptor limit)."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([sock], [], [], 0)[0])
-
-
-class _DirectConnections:
-    """Keep-alive ``http.client`` connections to one server: idle ones are reused, one per concurrent caller.
-
-    A connection the server has closed while idle (its keep-alive timeout) is
-    noticed before reuse (the socket reads as ready) and replaced, so it costs
-    no retry. Any transport error closes the connection in use and raises
-    :class:`_Transient`.
-    """
-
-    def __init__(self, host: str, port: int, timeout: tuple[float, float]):
-        self._host, self._port = host, port
-        self._connect_timeout, self._read_timeout = timeout
-        self._idle: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def _take(self) -> http.client.HTTPConnection:
-        while True:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
-                conn.connect()  # sets TCP_NODELAY
-                conn.sock.settimeout(self._read_timeout)
-                return conn
-            if not _readable(conn.sock):
-                return conn
-            conn.close()  # readable while idle: closed by the server (or junk); never reuse it
-
-    def _give_back(self, conn: http.client.HTTPConnection) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def send(self, method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
-        if body is not None:
-            headers = {**headers, "Content-Length": str(len(body))}
-        conn = None
-        try:
-            conn = self._take()
-            try:
-                conn.request(method, path, body=body, headers=headers)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the server may have answered (e.g. 413) and closed before reading the body: read that answer
-            response = conn.getresponse()
-            payload = _read_exactly(response, response.getheader("Content-Length", ""), response)
-        except (OSError, http.client.HTTPException) as exc:
-            if conn is not None:
-                conn.close()
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-        if response.will_close:
-            conn.close()
-        else:
-            self._give_back(conn)
-        return response.status, payload
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed, idle, self._idle = True, self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def _read_body(response: requests.Response) -> Any:
-    """The whole body of a ``stream=True`` requests response (the adapter path)."""
-    raw = response.raw
-    fp = getattr(raw, "_fp", None)
-    if not isinstance(fp, http.client.HTTPResponse) or "Content-Encoding" in response.headers:
-        return response.content
-    try:
-        return _read_exactly(fp, response.headers.get("Content-Length", ""), raw)
-    except (OSError, http.client.HTTPException) as exc:
-        raw.close()
-        raise requests.ConnectionError(f"reading the response failed: {exc!r}") from None
-
-
-def _read_exactly(fp: Any, length: str, response: Any) -> Any:
-    """Read a ``Content-Length`` body straight from the socket into one read-only ``np.empty`` buffer.
-
-    No zero-fill, no 10 KB chunks joined afterwards: about 30% faster than
-    ``response.read()`` for 40 MB. Without a usable length (never sent by our
-    server) the response's own ``read()`` is used.
-    """
-    if not isinstance(fp, http.client.HTTPResponse) or not length.isdigit():
-        return response.read()
-    size = int(length)
-    buf = np.empty(size, dtype=np.uint8)
-    view = memoryview(buf)
-    position = 0
-    while position < size:
-        n = fp.readinto(view[position:])
-        if not n:
-            raise http.client.IncompleteRead(b"", size - position)
-        position += n
-    buf.setflags(write=False)  # replies are read-only, as with InProcessClient
-    return buf
 
 
 def _json(body: Any) -> dict[str, Any]:

@@ -6,26 +6,44 @@
 * **SSP**: with a ``staleness_bound`` a pull (and the reply to a commit, which
   doubles as the next pull) waits for admission (optimizers.md §10.2).
 
-:class:`RoundsMixin` holds these waits for :class:`elephant.ps.store.Store`,
-which owns the lock, the center and the error types; the per-epoch bookkeeping
-(:class:`_Epoch`, :class:`_Round`) and the admission rule :func:`ssp_admitted`
-live here too.
+A :class:`elephant.ps.store.Store` holds one :class:`Rounds` and keeps what
+is the store's: the lock, the center, the clock, fencing, the checks of a
+commit, the waiting (with its timeout, rollback and closing) and the errors
+it raises. :class:`Rounds` keeps the rounds themselves: which commits are
+pending, a streaming rule's running sum, when a round closes and which rule
+call closes it, and what each waiter gets. It reaches the store through two
+things given to it: the store's condition (its lock, held on every call, and
+the waiters' wake-up) and an ``apply`` callback that runs a closed round's
+rule on the center and records its commits. A commit entered in a round gets
+a :class:`Ticket`: the store waits until it is done, then asks for the result.
+
+The per-epoch bookkeeping (:class:`Epoch`) and the admission rule
+:func:`ssp_admitted` live here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 from elephant.errors import PSError
-from elephant.optimizers.base import Commit, Reply
+from elephant.optimizers.base import Commit, DistributedOptimizer, Reply
 from elephant.ps.wire import CommitKey
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RoundsMixin", "ssp_admitted"]
+__all__ = ["Epoch", "Rounds", "Ticket", "ssp_admitted"]
+
+#: A closed round's rule over the store's ``(state, center, clock)``: returns ``(center, replies, state)``.
+RoundRule = Callable[[Any, list, int], tuple]
+
+#: The store's side of closing a round: ``apply(epoch, what, rule, commits)`` runs ``rule`` on the center
+#: (lock held), records the applied ``(key, attempt, commit)`` entries and returns the new clock, center and
+#: the rule's replies; it raises if the rule failed (the center is then unchanged).
+Apply = Callable[["Epoch", str, RoundRule, list], tuple]
 
 
 def ssp_admitted(commits: Sequence[int], finished: Set[int], partition: int, bound: int | None) -> bool:
@@ -49,7 +67,7 @@ def ssp_admitted(commits: Sequence[int], finished: Set[int], partition: int, bou
 @dataclasses.dataclass
 class _Round:
     step: int
-    pending: dict[int, tuple] = dataclasses.field(default_factory=dict)  # p -> (key, attempt, commit, token)
+    pending: dict[int, tuple] = dataclasses.field(default_factory=dict)  # p -> (key, attempt, commit, ticket)
     done: bool = False
     error: str | None = None
     clock: int = 0
@@ -60,7 +78,9 @@ class _Round:
 
 
 @dataclasses.dataclass
-class _Epoch:
+class Epoch:
+    """One epoch's bookkeeping in a store: SSP clocks, finished partitions, fences, applied keys, open rounds."""
+
     commits: list[int]  # applied commits per partition (SSP clocks)
     finished: set[int] = dataclasses.field(default_factory=set)
     attempts: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -68,23 +88,53 @@ class _Epoch:
     rounds: dict[int, _Round] = dataclasses.field(default_factory=dict)
 
 
-class RoundsMixin:
-    """Synchronous rounds and SSP admission of :class:`elephant.ps.store.Store`.
+@dataclasses.dataclass(eq=False)
+class Ticket:
+    """A commit's place in its synchronous round (from :meth:`Rounds.enter`): the store waits until :attr:`done`."""
 
-    :meth:`_submit_round` and the wait it returns take the store's lock (``_cond``); the other
-    methods run with it held. The store provides the state (``_optimizer``,
-    ``_mode``, ``_num_workers``, ``_round_timeout``, ``_state``, ``_center``,
-    ``_clock``, ``_counts``) and the helpers ``_fence``, ``_replay``,
-    ``_check_base_clock``, ``_check_norm``, ``_checked``, ``_record``, ``_superseded`` (the
-    store's ``StaleAttemptError``), ``_check_current`` (its ``RolledBackError``) and ``_wait`` (which raises its
-    ``RoundTimeoutError`` and ``StoreClosedError``).
+    ep: Epoch
+    round: _Round
+    key: CommitKey
+    attempt: int
+    what: str
+
+    @property
+    def done(self) -> bool:
+        """Whether the round ended: applied, failed or abandoned."""
+        return self.round.done
+
+    @property
+    def newer_attempt(self) -> int | None:
+        """The attempt of this partition that the applied round took instead of this one, if any."""
+        applied = self.round.attempts.get(self.key.partition)
+        return applied if applied is not None and applied > self.attempt else None
+
+
+class Rounds:
+    """Synchronous rounds and SSP admission of one :class:`elephant.ps.store.Store`.
+
+    Every method runs with the store's lock held.
+
+    Args:
+        optimizer: the store's distributed optimizer (its round rules and ``staleness_bound``).
+        mode: the store's synchronisation mode.
+        num_workers: the store's number of partitions.
+        round_timeout: the store's wait limit, in seconds (named in timeout messages).
+        cond: the store's condition: its lock, notified when a round ends.
+        apply: the store's side of closing a round (see :data:`Apply`).
     """
 
-    def _admit(self, ep: _Epoch, epoch: int, partition: int, what: str) -> None:
-        """Block (lock held) until SSP admits ``partition`` to start a window."""
+    def __init__(self, optimizer: DistributedOptimizer, mode: str, num_workers: int, round_timeout: float,
+                 cond: threading.Condition, apply: Apply):
+        self._optimizer, self._mode, self._num_workers = optimizer, mode, num_workers
+        self._round_timeout, self._cond, self._apply = round_timeout, cond, apply
+
+    def admission(self, ep: Epoch, epoch: int, partition: int,
+                  what: str) -> tuple[Callable[[], bool], Callable[[], str]] | None:
+        """What ``partition`` must wait for before it starts a window: None, or ``(ready, timeout message)``."""
         bound = self._optimizer.staleness_bound
         if self._mode == "synchronous" or bound is None:
-            return
+            return None
 
         def message() -> str:
             active = {p: c for p, c in enumerate(ep.commits) if p not in ep.finished}
@@ -93,76 +143,77 @@ class RoundsMixin:
                     f"partition {partition} has {ep.commits[partition]} commits in epoch {epoch}, the slowest "
                     f"active partition {slowest} has {active[slowest]}")
 
-        self._wait(lambda: ssp_admitted(ep.commits, ep.finished, partition, bound), message)
+        return (lambda: ssp_admitted(ep.commits, ep.finished, partition, bound)), message
 
-    def _admitted_reply(self, ep: _Epoch, key: CommitKey, what: str, tensors: Any, pulled: bool = False) -> Reply:
-        """The reply doubles as the next pull: wait for SSP admission; if the wait (or a
-        replay) hands out a center other than the rule's own result, tell the rule it was pulled."""
-        clock = self._clock
-        self._admit(ep, key.epoch, key.partition, what)
-        if pulled or self._clock != clock:
-            self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
-        return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
-
-    def _submit_round(self, key: CommitKey, attempt: int, commit: Commit, what: str,
-                      norm: float | None = None) -> Callable[[], Reply]:
-        """Enter ``commit`` in its round; return the wait for the round's result.
+    def enter(self, ep: Epoch, key: CommitKey, attempt: int, commit: Commit, what: str) -> Ticket:
+        """Enter a fenced, checked ``commit`` in its round; close the round if it is complete.
 
         A rule that streams rounds (``streams_rounds``) sums the commit into the
         round here, and the round keeps only its metadata: once the caller drops
         its references the tensors are freed while the round waits for the other
         partitions.
+
+        Raises:
+            PSError: a streamed round could not take the commit (it then fails for every waiter).
         """
-        p, token = key.partition, object()
-        with self._cond:
-            ep = self._fence(key.run, key.epoch, p, attempt, what)
-            if (p, key.step) in ep.applied:
-                self._replay(what)
-                self._state = self._optimizer.on_pull(self._state, self._center, self._clock, p)
-                reply = Reply(clock=self._clock, center=list(self._center))
-                return lambda: reply
-            self._check_base_clock(commit, what)
-            self._check_norm(norm, what)
-            rnd = ep.rounds.setdefault(key.step, _Round(key.step))
-            if self._optimizer.streams_rounds:
-                self._stream(ep, rnd, key, attempt, commit, what)
-                commit = dataclasses.replace(commit, tensors=[])
-            rnd.pending[p] = (key, attempt, commit, token)  # a same or newer attempt replaces a pending commit
-            self._close_round(ep, rnd)
+        rnd = ep.rounds.setdefault(key.step, _Round(key.step))
+        ticket = Ticket(ep, rnd, key, attempt, what)
+        if self._optimizer.streams_rounds:
+            self._stream(ep, rnd, key, attempt, commit, what)
+            commit = dataclasses.replace(commit, tensors=[])
+        rnd.pending[key.partition] = (key, attempt, commit, ticket)  # a same or newer attempt replaces a pending one
+        self._close(ep, rnd)
+        return ticket
 
-        def withdraw() -> str:  # on timeout: leave the round, so "failed" means "not applied"
-            missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
-            message = (f"{what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
-                       f"committed: {sorted(rnd.pending.keys() - {p})}, missing: {sorted(missing)}")
-            if self._optimizer.streams_rounds:  # a sum cannot be taken apart: the round fails instead
-                self._fail_round(ep, rnd, f"partition {p} timed out waiting for it")
-            elif rnd.pending.get(p, (None,) * 4)[3] is token:
-                del rnd.pending[p]
-                if not rnd.pending:
-                    ep.rounds.pop(key.step, None)
-            return message
+    def close_ready(self, ep: Epoch) -> None:
+        """Close every round of ``ep`` that no longer waits for anyone (after a partition finished)."""
+        for step in sorted(ep.rounds):
+            self._close(ep, ep.rounds[step])
 
-        def wait() -> Reply:
-            with self._cond:
-                self._wait(lambda: rnd.done, withdraw)
-                self._check_current(key.run, what)
-                if rnd.error is not None:
-                    raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
-                if rnd.attempts[p] > attempt:
-                    raise self._superseded(f"{what} was superseded by task attempt {rnd.attempts[p]} in its round")
-                return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(p))
+    def abandon(self, ep: Epoch, reason: str) -> None:
+        """End every open round of ``ep`` unapplied (a rollback): each waiter wakes to ``reason``."""
+        for rnd in ep.rounds.values():
+            rnd.done, rnd.error = True, reason
+        self._cond.notify_all()
 
-        return wait
+    def withdraw(self, ticket: Ticket) -> str:
+        """Take ``ticket``'s commit out of its round after a timeout, so that "failed" means "not applied".
 
-    def _stream(self, ep: _Epoch, rnd: _Round, key: CommitKey, attempt: int, commit: Commit, what: str) -> None:
-        """Sum ``commit`` into its streamed round (lock held); a retransmission is summed once."""
+        A streamed round cannot take a commit out of its sum: it fails instead.
+        Returns the timeout message, naming the partitions that committed and those missing.
+        """
+        ep, rnd, key, p = ticket.ep, ticket.round, ticket.key, ticket.key.partition
+        missing = set(range(self._num_workers)) - ep.finished - rnd.pending.keys() - {p}
+        message = (f"{ticket.what} waited {self._round_timeout:g} s for round (epoch {key.epoch}, step {key.step}); "
+                   f"committed: {sorted(rnd.pending.keys() - {p})}, missing: {sorted(missing)}")
+        if self._optimizer.streams_rounds:
+            self._fail(ep, rnd, f"partition {p} timed out waiting for it")
+        elif rnd.pending.get(p, (None,) * 4)[3] is ticket:
+            del rnd.pending[p]
+            if not rnd.pending:
+                ep.rounds.pop(key.step, None)
+        return message
+
+    def result(self, ticket: Ticket) -> Reply:
+        """The ended round's reply to ``ticket``'s commit.
+
+        Raises:
+            PSError: the round failed or was abandoned.
+        """
+        rnd, key = ticket.round, ticket.key
+        if rnd.error is not None:
+            raise PSError(f"{ticket.what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
+        return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(key.partition))
+
+    def _stream(self, ep: Epoch, rnd: _Round, key: CommitKey, attempt: int, commit: Commit, what: str) -> None:
+        """Sum ``commit`` into its streamed round; a retransmission is summed once."""
         p = key.partition
         if p in rnd.pending:
             summed = rnd.pending[p][1]
             if summed == attempt:  # the same commit sent again (a client retry): in the sum already
                 return
             reason = f"task attempt {attempt} of partition {p} replaced attempt {summed}, whose commit is in the sum"
-            self._fail_round(ep, rnd, reason)
+            self._fail(ep, rnd, reason)
             raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {reason}")
         try:
             if rnd.acc is None:
@@ -171,42 +222,39 @@ class RoundsMixin:
         except Exception as exc:
             reason = f"the server rule of {type(self._optimizer).__name__} failed to add it: {exc!r}"
             logger.error("%s: %s", what, reason)
-            self._fail_round(ep, rnd, reason)
+            self._fail(ep, rnd, reason)
             raise PSError(f"{what}: round (epoch {key.epoch}, step {key.step}) failed: {reason}") from exc
 
-    def _fail_round(self, ep: _Epoch, rnd: _Round, reason: str) -> None:
-        """End ``rnd`` unapplied (lock held): each of its waiters raises with ``reason``."""
+    def _fail(self, ep: Epoch, rnd: _Round, reason: str) -> None:
+        """End ``rnd`` unapplied: each of its waiters raises with ``reason``."""
         if ep.rounds.get(rnd.step) is rnd:
             del ep.rounds[rnd.step]
         rnd.done, rnd.error, rnd.acc = True, reason, None
         self._cond.notify_all()
 
-    def _close_round(self, ep: _Epoch, rnd: _Round) -> None:
-        """Apply ``rnd`` once every active partition has committed (lock held)."""
+    def _close(self, ep: Epoch, rnd: _Round) -> None:
+        """Apply ``rnd`` once every active partition has committed."""
         if rnd.done or not rnd.pending or not set(range(self._num_workers)) - ep.finished <= rnd.pending.keys():
             return
         entries = sorted(rnd.pending.items())
         commits = {p: entry[2] for p, entry in entries}
-        clock, state, center = self._clock, self._state, self._center
         ep.rounds.pop(rnd.step, None)
         rnd.done = True
         what = f"round (step {rnd.step}, partitions {sorted(commits)})"
-        if self._optimizer.streams_rounds:
+        optimizer = self._optimizer
+        if optimizer.streams_rounds:
             acc, rnd.acc = rnd.acc, None
-            rule = lambda: self._optimizer.round_end(state, center, clock, acc, sorted(commits))  # noqa: E731
+            rule = lambda state, center, clock: optimizer.round_end(state, center, clock, acc, sorted(commits))  # noqa: E731
         else:
-            rule = lambda: self._optimizer.apply_round(state, center, clock, commits)  # noqa: E731
+            rule = lambda state, center, clock: optimizer.apply_round(state, center, clock, commits)  # noqa: E731
         try:
-            self._center, replies, self._state = self._checked(what, rule)
+            clock, center, replies = self._apply(ep, what, rule, [entry[:3] for _, entry in entries])
         except Exception as exc:  # every waiter of the round reports it
             logger.error("%s failed: %r", what, exc)
             rnd.error = f"{type(exc).__name__}: {exc}"
             self._cond.notify_all()
             return
-        self._clock += 1
-        self._counts["rounds_applied"] += 1
-        for p, (key, attempt, commit, _) in entries:
-            self._record(ep, key, attempt, commit, clock)
+        for p, (_, attempt, _, _) in entries:
             rnd.attempts[p] = attempt
-        rnd.clock, rnd.center, rnd.replies = self._clock, self._center, dict(replies or {})
+        rnd.clock, rnd.center, rnd.replies = clock, center, dict(replies or {})
         self._cond.notify_all()

@@ -18,7 +18,8 @@ wins). Fencing: per ``(epoch, partition)`` the highest Spark
 ``taskAttemptId()`` seen wins; lower attempts get :class:`StaleAttemptError`.
 With an SSP ``staleness_bound`` a pull (and the reply to a commit, which
 doubles as the next pull) waits for admission (optimizers.md §10.2). Rounds
-and admission are :class:`elephant.ps.rounds.RoundsMixin`, a base of :class:`Store`.
+and admission are kept by a :class:`elephant.ps.rounds.Rounds` that the store
+holds; the store fences, checks and waits, and applies a closed round's rule.
 
 The center arrays are read-only snapshots that updates replace and never
 mutate, so replies hand them out without copying.
@@ -40,9 +41,19 @@ from typing import Any
 
 import numpy as np
 
-from elephant.errors import ConfigError, ElephantError, PSError, ProtocolError
+from elephant.errors import (
+    ConfigError,
+    ElephantError,
+    NormGuardError,
+    PSError,
+    ProtocolError,
+    RolledBackError,
+    RoundTimeoutError,
+    StaleAttemptError,
+    StoreClosedError,
+)
 from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply
-from elephant.ps.rounds import RoundsMixin, _Epoch, ssp_admitted
+from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket, ssp_admitted
 from elephant.ps.wire import CommitKey, all_finite
 
 logger = logging.getLogger(__name__)
@@ -58,26 +69,6 @@ _COUNTERS = (
 
 #: Commits whose norms the guard remembers, and how many it needs before it judges.
 NORM_WINDOW, NORM_WARMUP = 64, 16
-
-
-class StaleAttemptError(PSError):
-    """A commit or finish came from a Spark task attempt superseded by a newer one."""
-
-
-class RoundTimeoutError(PSError):
-    """A synchronous round or an SSP admission waited longer than ``round_timeout``."""
-
-
-class StoreClosedError(PSError):
-    """The store was closed: the parameter server is stopping."""
-
-
-class NormGuardError(ProtocolError):
-    """A commit whose norm is far beyond the run's recent ones (``norm_guard``); nothing was applied."""
-
-
-class RolledBackError(StaleAttemptError):
-    """The request belongs to an epoch try that the driver rolled back (HTTP 409, as a superseded attempt)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +113,7 @@ def _int_arg(name: str, value: Any) -> int:
     return int(value)
 
 
-class Store(RoundsMixin):
+class Store:
     """Center weights, clock and bookkeeping of one fit; thread-safe.
 
     Args:
@@ -174,7 +165,8 @@ class Store(RoundsMixin):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._bytes_lock = threading.Lock()
-        self._epochs: dict[int, _Epoch] = {}
+        self._rounds = Rounds(optimizer, mode, num_workers, self._round_timeout, self._cond, self._apply_round)
+        self._epochs: dict[int, Epoch] = {}
         self._latest_epoch: int | None = None
         self._ledger: list[tuple[CommitKey, int]] = []
         self._retired: set[str] = set()  # run ids of rolled-back epoch tries
@@ -290,8 +282,7 @@ class Store(RoundsMixin):
         with self._cond:
             undone = len(self._ledger) - snapshot.ledger_size
             for epoch in set(self._epochs) - snapshot.epochs:
-                for rnd in self._epochs.pop(epoch).rounds.values():
-                    rnd.done, rnd.error = True, "the epoch was rolled back"
+                self._rounds.abandon(self._epochs.pop(epoch), "the epoch was rolled back")
             del self._ledger[snapshot.ledger_size:]
             self._center, self._clock = list(snapshot.center), snapshot.clock
             self._state = copy.deepcopy(snapshot.state)  # the snapshot stays valid for another rollback
@@ -311,9 +302,9 @@ class Store(RoundsMixin):
             self._cond.notify_all()
 
     # ---------------------------------------------------------------- helpers
-    def _epoch(self, epoch: int) -> _Epoch:
+    def _epoch(self, epoch: int) -> Epoch:
         if epoch not in self._epochs:
-            self._epochs[epoch] = _Epoch(commits=[0] * self._num_workers)
+            self._epochs[epoch] = Epoch(commits=[0] * self._num_workers)
             self._latest_epoch = max(epoch, self._latest_epoch if self._latest_epoch is not None else epoch)
         return self._epochs[epoch]
 
@@ -321,7 +312,7 @@ class Store(RoundsMixin):
         if not 0 <= partition < self._num_workers:
             raise ProtocolError(f"partition {partition} is out of range for num_workers={self._num_workers}")
 
-    def _fence(self, run: str, epoch: int, partition: int, attempt: int, what: str) -> _Epoch:
+    def _fence(self, run: str, epoch: int, partition: int, attempt: int, what: str) -> Epoch:
         """Closed check, run check and attempt fencing; the caller holds the lock."""
         if self._closed:
             raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
@@ -388,7 +379,7 @@ class Store(RoundsMixin):
                               f"for tensor {i}, expected {c.dtype}{list(c.shape)}")
         return _freeze(new_center), replies, state
 
-    def _record(self, ep: _Epoch, key: CommitKey, attempt: int, commit: Commit, clock_before: int) -> None:
+    def _record(self, ep: Epoch, key: CommitKey, attempt: int, commit: Commit, clock_before: int) -> None:
         ep.applied.add((key.partition, key.step))
         ep.commits[key.partition] += 1
         self._ledger.append((key, attempt))
@@ -444,6 +435,50 @@ class Store(RoundsMixin):
         self._counts["replays_dropped"] += 1
         logger.info("acknowledged a replay of the applied %s", what)
 
+    def _admit(self, ep: Epoch, epoch: int, partition: int, what: str) -> None:
+        """Block (lock held) until SSP admits ``partition`` to start a window."""
+        admission = self._rounds.admission(ep, epoch, partition, what)
+        if admission is not None:
+            self._wait(*admission)
+
+    def _admitted_reply(self, ep: Epoch, key: CommitKey, what: str, tensors: Any, pulled: bool = False) -> Reply:
+        """The reply doubles as the next pull: wait for SSP admission; if the wait (or a
+        replay) hands out a center other than the rule's own result, tell the rule it was pulled."""
+        clock = self._clock
+        self._admit(ep, key.epoch, key.partition, what)
+        if pulled or self._clock != clock:
+            self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
+        return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
+
+    def _round_result(self, ticket: Ticket, key: CommitKey, what: str) -> Callable[[], Reply]:
+        """The wait for the result of the round that ``ticket``'s commit was entered in."""
+
+        def wait() -> Reply:
+            with self._cond:
+                self._wait(lambda: ticket.done, lambda: self._rounds.withdraw(ticket))
+                self._check_current(key.run, what)
+                reply = self._rounds.result(ticket)
+                if ticket.newer_attempt is not None:
+                    raise self._superseded(f"{what} was superseded by task attempt {ticket.newer_attempt} in its round")
+                return reply
+
+        return wait
+
+    def _apply_round(self, ep: Epoch, what: str, rule: RoundRule,
+                     entries: list[tuple[CommitKey, int, Commit]]) -> tuple[int, list, Any]:
+        """Run a closed round's ``rule`` on the center and record its commits (lock held; called by the rounds).
+
+        Returns the new clock, center and the rule's replies; raises :class:`PSError` (nothing changed) if the rule
+        failed or returned tensors unlike the center.
+        """
+        clock, state, center = self._clock, self._state, self._center
+        self._center, replies, self._state = self._checked(what, lambda: rule(state, center, clock))
+        self._clock += 1
+        self._counts["rounds_applied"] += 1
+        for key, attempt, commit in entries:
+            self._record(ep, key, attempt, commit, clock)
+        return self._clock, self._center, replies
+
     # -------------------------------------------------------------- requests
     def pull(self, worker: int, epoch: int | None = None) -> Reply:
         """The center and clock for ``worker``, as read-only arrays.
@@ -484,8 +519,7 @@ class Store(RoundsMixin):
         with self._cond:
             ep = self._fence(run, epoch, partition, attempt, what)
             ep.finished.add(partition)
-            for step in sorted(ep.rounds):
-                self._close_round(ep, ep.rounds[step])
+            self._rounds.close_ready(ep)
             self._cond.notify_all()
 
     def wait_finished(self, epoch: int) -> None:
@@ -545,29 +579,27 @@ class Store(RoundsMixin):
         key = CommitKey(*key)
         what = self._validate(key, attempt, commit, check_finite)
         norm = self._norm(commit)
-        if self._mode == "synchronous":
-            return self._submit_round(key, attempt, commit, what, norm)
-        reply = self._commit_now(key, attempt, commit, what, norm)
-        return lambda: reply
-
-    def _commit_now(self, key: CommitKey, attempt: int, commit: Commit, what: str, norm: float | None) -> Reply:
-        """An asynchronous or hogwild commit, applied at once."""
         with self._cond:
             ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
             if (key.partition, key.step) in ep.applied:
                 self._replay(what)
-                return self._admitted_reply(ep, key, what, None, pulled=True)
+                reply = self._admitted_reply(ep, key, what, None, pulled=True)
+                return lambda: reply
             self._check_base_clock(commit, what)
             self._check_norm(norm, what)
+            if self._mode == "synchronous":
+                return self._round_result(self._rounds.enter(ep, key, attempt, commit, what), key, what)
             ep.applied.add((key.partition, key.step))  # claimed: a concurrent replay is dropped
             snapshot = (self._state, self._center, self._clock)
             if self._mode == "asynchronous":
-                return self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+                reply = self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+                return lambda: reply
         # hogwild: the rule runs without the lock; a concurrent commit may read the
         # same center, and then one of the two updates is lost.
-        return self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+        reply = self._apply_claimed(ep, key, attempt, commit, what, snapshot)
+        return lambda: reply
 
-    def _apply_claimed(self, ep: _Epoch, key: CommitKey, attempt: int, commit: Commit, what: str,
+    def _apply_claimed(self, ep: Epoch, key: CommitKey, attempt: int, commit: Commit, what: str,
                        snapshot: tuple) -> Reply:
         """Apply a claimed commit (lock held in asynchronous mode, taken here in hogwild)."""
         guard = self._cond if self._mode == "hogwild" else contextlib.nullcontext()

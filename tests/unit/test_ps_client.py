@@ -14,13 +14,13 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from elephant.errors import ConfigError, PSError
+from elephant.errors import ConfigError, PSError, StaleAttemptError
 from elephant.optimizers import Commit, Downpour, ModelAveraging
 from elephant.ps import wire
 from elephant.ps.app import create_app
 from elephant.ps.client import InProcessClient, PSClient
 from elephant.ps.server import PSServer
-from elephant.ps.store import CommitKey, StaleAttemptError, Store
+from elephant.ps.store import CommitKey, Store
 
 RUN = "r"
 TOKEN = "tok"
@@ -342,8 +342,10 @@ def test_the_client_side_imports_neither_flask_nor_spark_nor_tensorflow():
 def test_public_names_of_the_package():
     import elephant.ps as ps
 
-    assert sorted(ps.__all__) == sorted(dir(ps))
-    assert all(getattr(ps, name) is not None for name in ps.__all__)
+    assert sorted(ps.__all__) == ["CommitKey", "InProcessClient", "PSClient", "PSServer", "RoundTimeoutError",
+                                  "StaleAttemptError", "Store", "StoreClosedError", "create_app"]
+    for name in ps.__all__:  # each resolves (lazily) to the object of that name, and shows in dir()
+        assert getattr(ps, name).__name__ == name and name in dir(ps)
     with pytest.raises(AttributeError, match="module 'elephant.ps' has no attribute 'nothing'"):
         ps.nothing  # noqa: B018
 

@@ -61,6 +61,18 @@ def test_port_zero_gets_a_real_port_and_serves_with_auth():
         assert not port_is_free(server.port)
 
 
+def test_connection_counts_are_zero_unless_running():
+    names = ["accepted", "open", "refused", "expired", "unauthorized"]
+    _, app = make_app()
+    server = PSServer(app)
+    assert [getattr(server, f"connections_{name}") for name in names] == [0] * 5
+    with server:
+        assert get(server.port, "/health", headers={})[0] == 401
+        assert (server.connections_accepted, server.connections_unauthorized) == (2, 1)  # the probe's, then ours
+    assert [getattr(server, f"connections_{name}") for name in names] == [0] * 5
+    assert PSServer.connections_open.__doc__.startswith("Connections open now")
+
+
 def test_second_start_is_refused():
     _, app = make_app()
     server = PSServer(app).start()
@@ -414,7 +426,7 @@ def test_requests_sent_in_one_packet_are_all_answered_in_order():
 def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkeypatch):
     import platform
 
-    from elephant.ps.server import map_large_allocations
+    from elephant.ps.allocator import map_large_allocations
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4096")
     assert map_large_allocations() is False  # the user's own setting stands

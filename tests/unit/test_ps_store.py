@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from elephant.errors import ConfigError, PSError, ProtocolError
-from elephant.optimizers import Commit, Downpour, ModelAveraging
-from elephant.optimizers.base import DistributedOptimizer
-from elephant.ps.store import (
-    CommitKey,
+from elephant.errors import (
+    ConfigError,
+    NormGuardError,
+    PSError,
+    ProtocolError,
+    RolledBackError,
     RoundTimeoutError,
     StaleAttemptError,
-    Store,
     StoreClosedError,
-    ssp_admitted,
 )
+from elephant.optimizers import Commit, Downpour, ModelAveraging
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.ps.store import NORM_WARMUP, CommitKey, Store, ssp_admitted
 
 RUN = "run-a"
 
@@ -121,7 +124,38 @@ def test_superseded_attempt_is_fenced_per_epoch_and_partition():
     store.commit(key(0, 0, epoch=1), 3, delta(1.0))  # other epoch: own fence
     assert store.metrics()["stale_attempts_fenced"] == 2
     np.testing.assert_array_equal(store.center()[0], np.full(3, 3.0))
-    assert isinstance(StaleAttemptError("x"), PSError)
+
+
+def _fenced():
+    store = async_store()
+    store.commit(key(0, 0), 7, delta(1.0))
+    store.commit(key(0, 1), 3, delta(1.0))
+
+
+def _timed_out():
+    sync_store(num_workers=2, round_timeout=0.05).commit(key(0, 0), 1, delta(1.0, n=2))
+
+
+def _closed():
+    store = async_store()
+    store.close()
+    store.pull(0)
+
+
+def _rolled_back():
+    store = async_store()
+    store.rollback(store.snapshot(), "run-a.t1")
+    store.commit(key(0, 0), 1, delta(1.0))
+
+
+@pytest.mark.parametrize("scenario, error", [(_fenced, StaleAttemptError), (_timed_out, RoundTimeoutError),
+                                             (_closed, StoreClosedError), (_rolled_back, RolledBackError)])
+def test_the_stores_refusals_are_parameter_server_errors_that_survive_a_trip_to_the_driver(scenario, error):
+    with pytest.raises(PSError) as caught:  # what a caller handling any parameter-server failure catches
+        scenario()
+    assert type(caught.value) is error
+    shipped = pickle.loads(pickle.dumps(caught.value))  # as Spark sends a task's exception to the driver
+    assert type(shipped) is error and str(shipped) == str(caught.value) != ""
 
 
 @pytest.mark.parametrize(
@@ -362,7 +396,6 @@ def test_round_timeout_names_the_missing_partitions_and_withdraws_the_commit():
     store = sync_store(num_workers=3, round_timeout=0.2)
     with pytest.raises(RoundTimeoutError, match=r"step 4\); committed: \[\], missing: \[1, 2\]"):
         store.commit(key(0, 4), 1, delta(1.0, n=2))
-    assert isinstance(RoundTimeoutError("x"), PSError)
     for p in (1, 2):  # the withdrawn commit is not applied when the others arrive
         store.finish(RUN, 0, p, 1)
     assert store.clock == 0 and store.ledger() == []
@@ -502,8 +535,6 @@ class _InPlaceCounter(Downpour):
 
 
 def test_rollback_returns_center_state_clock_and_ledger_to_the_snapshot():
-    from elephant.ps.store import RolledBackError
-
     store = async_store(optimizer=_InPlaceCounter())
     store.commit(key(0, 0), 1, delta(1.0))
     store.finish(RUN, 0, 0, 1)
@@ -535,8 +566,6 @@ def test_rollback_returns_center_state_clock_and_ledger_to_the_snapshot():
 
 
 def test_rollback_wakes_a_waiting_round_and_an_ssp_admission():
-    from elephant.ps.store import RolledBackError
-
     store = sync_store(num_workers=2)
     snap = store.snapshot()
     ssp = async_store(optimizer=Downpour(staleness_bound=1))
@@ -561,8 +590,6 @@ def test_rollback_wakes_a_waiting_round_and_an_ssp_admission():
 # --------------------------------------------------------------- norm guard
 @pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
 def test_the_norm_guard_refuses_an_update_far_beyond_the_recent_ones(mode):
-    from elephant.ps.store import NORM_WARMUP, NormGuardError
-
     optimizer = Downpour() if mode == "asynchronous" else ModelAveraging(outer_momentum=0.0)
     store = Store([np.zeros(3)], optimizer, mode, 1, RUN, norm_guard=100)
     rng = np.random.default_rng(0)
