@@ -10,18 +10,18 @@ in synchronous mode) in the fit's job group.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from elephant import data as D
 from elephant import session
 from elephant.config import FitArgs, Settings
-from elephant.errors import DataError, PSError
+from elephant.errors import DataError
 from elephant.fit.epoch import collect_checked
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
 
-__all__ = ["ClassicRun", "start_server", "training_rdd"]
+__all__ = ["ClassicRun", "training_rdd"]
 
 
 def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
@@ -46,29 +46,6 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
     else:
         rdd.elephant_samples = training.samples
     return rdd, training.num_workers, training.validation
-
-
-def start_server(app, host: str, ports: Sequence[int], threads: int):
-    """A started :class:`~elephant.ps.server.PSServer` on the first free port of ``ports``.
-
-    Raises:
-        PSError: no port of ``ports`` could be bound (the last error names why).
-    """
-    from elephant.ps.server import PSServer
-
-    *others, last = ports
-    for port in others:
-        try:
-            return PSServer(app, host=host, port=port, threads=threads).start()
-        except PSError as exc:
-            if "could not bind" not in str(exc):
-                raise
-    try:
-        return PSServer(app, host=host, port=last, threads=threads).start()
-    except PSError as exc:
-        if others and "could not bind" in str(exc):
-            raise PSError(f"{exc} (tried {len(ports)} ports of {session.PS_PORTS_KEY})") from None
-        raise
 
 
 def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
@@ -108,13 +85,15 @@ class ClassicRun:
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
         """Broadcast the model and start the server: ``(the tasks' model_bytes, the server's url)``."""
         from elephant.ps.app import create_app, max_body_bytes
+        from elephant.ps.server import start_server
 
         sc = self.sc
         self._broadcast = sc.broadcast(model_bytes)
         self._group = job_group
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
         app = create_app(store, token, max_body_bytes=max_body_bytes(store.template))
-        self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4)
+        self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4,
+                                    ports_from=session.PS_PORTS_KEY)
         return self._broadcast, self._server.url
 
     def job(self, store, barrier: bool):

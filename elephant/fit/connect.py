@@ -40,7 +40,6 @@ from elephant import data as D
 from elephant import session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
-from elephant.fit.classic import start_server
 from elephant.fit.epoch import collect_checked
 from elephant.fit.plan import decide_workers
 from elephant.sources import DataFrameSource, Source
@@ -229,6 +228,7 @@ def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]
     from elephant import worker
     from elephant.ps.app import create_app
     from elephant.ps.client import PSClient
+    from elephant.ps.server import start_server
     from elephant.ps.store import Store
 
     ctx = BarrierTaskContext.get()
@@ -240,7 +240,8 @@ def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]
                           clock=hosting.clock)
             app = create_app(store, spec.token, max_body_bytes=hosting.max_body)
             host = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
-            server = start_server(app, host, hosting.ports, 2 * hosting.num_workers + 4)
+            server = start_server(app, host, hosting.ports, 2 * hosting.num_workers + 4,
+                                  ports_from=session.PS_PORTS_KEY)
         url = ctx.allGather(server.url if server is not None else "")[0]
         here = dataclasses.replace(spec, ps_url=url)
         with PSClient(url, spec.token, read_timeout=spec.read_timeout) as client:

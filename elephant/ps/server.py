@@ -28,6 +28,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask
@@ -39,7 +40,7 @@ from elephant.ps.http import BufferedHandler, PooledWSGIServer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PSServer", "default_threads"]
+__all__ = ["PSServer", "default_threads", "start_server"]
 
 
 def default_threads(num_workers: int | None) -> int:
@@ -237,3 +238,26 @@ class PSServer:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+
+
+def start_server(app: Flask, host: str, ports: Sequence[int], threads: int, *, ports_from: str = "the given ports"):
+    """A started :class:`PSServer` on the first port of ``ports`` that binds (``[0]``: any free port).
+
+    ``ports_from`` names where the ports came from, for the error.
+
+    Raises:
+        PSError: no port of ``ports`` could be bound (the last error names why).
+    """
+    *others, last = ports
+    for port in others:
+        try:
+            return PSServer(app, host=host, port=port, threads=threads).start()
+        except PSError as exc:
+            if "could not bind" not in str(exc):
+                raise
+    try:
+        return PSServer(app, host=host, port=last, threads=threads).start()
+    except PSError as exc:
+        if others and "could not bind" in str(exc):
+            raise PSError(f"{exc} (tried {len(ports)} ports of {ports_from})") from None
+        raise

@@ -436,9 +436,8 @@ def test_large_allocations_are_mapped_unless_the_user_set_glibc_threshold(monkey
 
 
 def test_a_pinned_port_range_takes_the_first_free_port():
-    pytest.importorskip("keras")  # elephant.fit_loop imports the worker, which needs Keras
-    from elephant.fit.classic import start_server
-    from elephant.session import parse_ports
+    from elephant.ps.server import start_server
+    from elephant.session import PS_PORTS_KEY, parse_ports
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -453,7 +452,7 @@ def test_a_pinned_port_range_takes_the_first_free_port():
         finally:
             server.stop()
         with pytest.raises(PSError, match=r"could not bind .* \(tried 2 ports of spark.elephant.ps.ports\)"):
-            start_server(make_app()[1], "127.0.0.1", [port, port], threads=2)
+            start_server(make_app()[1], "127.0.0.1", [port, port], threads=2, ports_from=PS_PORTS_KEY)
     with pytest.raises(ConfigError, match=r"`spark.elephant.ps.ports` must be a port or a range .* received '80-70'"):
         parse_ports("80-70")
     assert parse_ports(None) == [0] and parse_ports("0") == [0] and parse_ports("5-7") == [5, 6, 7]
