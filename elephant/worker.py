@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
-from elephant.optimizers.base import Commit, DistributedOptimizer
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.protocol import Commit, CommitKey, merge_reply
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,6 @@ class _Window:
         self.settle()
         if self.steps_in_window == 0:
             return
-        from elephant.ps.store import CommitKey
         from elephant.ps.wire import all_finite
 
         t0 = time.perf_counter()
@@ -345,9 +345,7 @@ class _Window:
         self.comm_seconds += time.perf_counter() - t0
 
     def _adopt(self, reply, sent: list[np.ndarray], now: list[np.ndarray]) -> None:
-        new_weights, self.state = self.spec.optimizer.on_reply(self.state, sent, reply)
-        if now is not sent:
-            new_weights = [np.asarray(w + (n - s), dtype=n.dtype) for w, n, s in zip(new_weights, now, sent, strict=True)]
+        new_weights, self.state = merge_reply(self.spec.optimizer, self.state, reply, sent, now)
         self.weights.set(new_weights)
         self.pulled, self.base_clock = reply.center, reply.clock
 

@@ -284,7 +284,7 @@ def encode_result(stats: list[dict], outcome) -> bytes:
 def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
     """``(stats, Outcome or None)`` of :func:`encode_result`."""
     from elephant.ps.store import Outcome
-    from elephant.ps.wire import CommitKey
+    from elephant.protocol import CommitKey
 
     size = int.from_bytes(data[:4], "little")
     header = json.loads(data[4:4 + size])

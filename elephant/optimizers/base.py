@@ -20,7 +20,6 @@ Sign convention: a delta is ``after - before`` and the server *adds* it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -28,10 +27,10 @@ import numpy as np
 
 from elephant import weights as W
 from elephant.errors import ConfigError, DataError
+from elephant.protocol import MODES, Commit, Reply
 
 Weights = list[np.ndarray]
 
-MODES = ("synchronous", "asynchronous", "hogwild")
 
 __all__ = [
     "MODES",
@@ -48,39 +47,6 @@ __all__ = [
     "tree_map",
     "worker_batch_size",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class Commit:
-    """What a worker sends after a window.
-
-    Attributes:
-        tensors: the rule's payload (a delta, a normalised delta, or weights).
-        num_steps: local steps covered by this window (a flushed partial window
-            has fewer than ``window``).
-        num_samples: samples trained in this window; synchronous rules weight by it.
-        base_clock: server clock of the center this window started from.
-    """
-
-    tensors: Weights
-    num_steps: int
-    num_samples: int
-    base_clock: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Reply:
-    """What the server answers to a pull or a commit.
-
-    Attributes:
-        clock: number of commits (asynchronous) or rounds (synchronous) applied.
-        center: the center weights after this commit.
-        tensors: an optional rule-specific payload (e.g. the EASGD elastic term).
-    """
-
-    clock: int
-    center: Weights
-    tensors: Weights | None = None
 
 
 def _check_window(window: Any) -> int:

@@ -63,7 +63,8 @@ import numpy as np
 
 from elephant import weights as W
 from elephant.errors import ConfigError, ScheduleError
-from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply, check_overlap, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_overlap, tree_map
+from elephant.protocol import MODES, Commit, Reply, merge_reply, round_complete, ssp_admitted
 from elephant.optimizers.steps import GradFn, LocalStep, nesterov, quadratic, sgd
 
 __all__ = [
@@ -203,9 +204,10 @@ class _Simulation:
         bound = self.opt.staleness_bound
         if bound is None or self.mode == "synchronous":
             return None
-        mine = self.workers[k].commits
-        slowest = min([mine, *(v.commits for j, v in self.workers.items() if v.active and j != k)])
-        if mine - slowest > bound:
+        commits = [v.commits for v in self.workers.values()]  # workers are 0..K-1, in order
+        absent = {j for j, v in self.workers.items() if not v.active and j != k}  # finished, or not pulled yet
+        if not ssp_admitted(commits, absent, k, bound):
+            mine, slowest = commits[k], min(c for j, c in enumerate(commits) if j not in absent)
             return (
                 f"SSP: worker {k} has made {mine} commits, {mine - slowest} more than the slowest "
                 f"active worker, above staleness_bound={bound}"
@@ -249,8 +251,7 @@ class _Simulation:
         """Merge the reply of the commit in flight: the rule's answer for the sent weights plus the progress since."""
         reply, sent = w.inflight
         w.inflight = None
-        adopted, w.state = self.opt.on_reply(w.state, sent, reply)
-        w.weights = tree_map(lambda a, now, s: a + (now - s), adopted, w.weights, sent)
+        w.weights, w.state = merge_reply(self.opt, w.state, reply, sent, w.weights)
         w.pulled, w.base_clock = reply.center, reply.clock
 
     def _commit(self, index, k, w, count):
@@ -288,8 +289,8 @@ class _Simulation:
 
     # -- server side -------------------------------------------------------
     def _maybe_close_round(self) -> None:
-        active = {k for k, v in self.workers.items() if v.active}
-        if not self.round or not active <= set(self.round):
+        absent = {k for k, v in self.workers.items() if not v.active}  # finished, or not pulled yet
+        if not round_complete(set(self.round), absent, len(self.workers)):
             return
         commits, self.round = dict(sorted(self.round.items())), {}
         center, replies, self.server_state = self.opt.apply_round(self.server_state, self.center, self.clock, commits)

@@ -30,9 +30,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError
-from elephant.optimizers.base import Commit, Reply
+from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps import wire
-from elephant.ps.wire import CommitKey
 from elephant.ps.store import Store
 from elephant.ps.transport import Transient, TransportFailed, open_transport
 

@@ -17,8 +17,9 @@ the waiters' wake-up) and an ``apply`` callback that runs a closed round's
 rule on the center and records its commits. A commit entered in a round gets
 a :class:`Ticket`: the store waits until it is done, then asks for the result.
 
-The per-epoch bookkeeping (:class:`Epoch`) and the admission rule
-:func:`ssp_admitted` live here too.
+The per-epoch bookkeeping (:class:`Epoch`) lives here too; the rules of
+admission and of a round's closing are :mod:`elephant.protocol`'s, which the
+simulator follows as well.
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable
 from typing import Any
 
 from elephant.errors import PSError
-from elephant.optimizers.base import Commit, DistributedOptimizer, Reply
-from elephant.ps.wire import CommitKey
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.protocol import Commit, CommitKey, Reply, round_complete, ssp_admitted
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Epoch", "Rounds", "Ticket", "ssp_admitted"]
+__all__ = ["Epoch", "Rounds", "Ticket"]
 
 #: A closed round's rule over the store's ``(state, center, clock)``: returns ``(center, replies, state)``.
 RoundRule = Callable[[Any, list, int], tuple]
@@ -44,24 +45,6 @@ RoundRule = Callable[[Any, list, int], tuple]
 #: (lock held), records the applied ``(key, attempt, commit)`` entries and returns the new clock, center and
 #: the rule's replies; it raises if the rule failed (the center is then unchanged).
 Apply = Callable[["Epoch", str, RoundRule, list], tuple]
-
-
-def ssp_admitted(commits: Sequence[int], finished: Set[int], partition: int, bound: int | None) -> bool:
-    """Stale Synchronous Parallel admission (optimizers.md §10.2).
-
-    ``partition`` may start its next window when it is at most ``bound``
-    commits ahead of the slowest partition that has not finished the epoch.
-    Finished partitions leave the minimum; ``bound=None`` always admits.
-
-    Args:
-        commits: commits applied this epoch, by partition.
-        finished: partitions that finished the epoch.
-        partition: the partition asking to start a window.
-        bound: the staleness bound ``s``, or None (unbounded).
-    """
-    if bound is None or partition in finished:
-        return True
-    return commits[partition] - min(c for p, c in enumerate(commits) if p not in finished) <= bound
 
 
 @dataclasses.dataclass
@@ -234,7 +217,7 @@ class Rounds:
 
     def _close(self, ep: Epoch, rnd: _Round) -> None:
         """Apply ``rnd`` once every active partition has committed."""
-        if rnd.done or not rnd.pending or not set(range(self._num_workers)) - ep.finished <= rnd.pending.keys():
+        if rnd.done or not round_complete(rnd.pending.keys(), ep.finished, self._num_workers):
             return
         entries = sorted(rnd.pending.items())
         commits = {p: entry[2] for p, entry in entries}

@@ -52,9 +52,10 @@ from elephant.errors import (
     StaleAttemptError,
     StoreClosedError,
 )
-from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, Reply
-from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket, ssp_admitted
-from elephant.ps.wire import CommitKey, all_finite
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.protocol import MODES, Commit, CommitKey, Reply, ssp_admitted
+from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket
+from elephant.ps.wire import all_finite
 
 logger = logging.getLogger(__name__)
 

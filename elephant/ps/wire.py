@@ -36,14 +36,14 @@ import json
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import zlib
 
 import numpy as np
 
 from elephant.errors import ProtocolError
-from elephant.optimizers.base import Commit, Reply
+from elephant.protocol import Commit, CommitKey, Reply
 
 logger = logging.getLogger(__name__)
 
@@ -106,20 +106,6 @@ _DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 _CODES: dict[tuple[str, int], str] = {(dt.kind, dt.itemsize): code for code, dt in _DTYPES.items()}
-
-
-class CommitKey(NamedTuple):
-    """Idempotency key of one commit, stable across Spark task retries.
-
-    ``step`` is the commit's index in the partition's deterministic iteration;
-    in synchronous mode ``(epoch, step)`` names the round, so every worker must
-    number its commits the same way.
-    """
-
-    run: str
-    epoch: int
-    partition: int
-    step: int
 
 
 class Encoded:
