@@ -5,7 +5,7 @@ weighted majority of class labels (row argmax, or ``p > 0.5`` for one sigmoid
 unit), ties to the lowest class. Both work row by row, so a block combined on an
 executor equals the same rows combined on the driver. Members ship once per call
 and are rebuilt once per Python worker into this module's cache (not
-:func:`elephant.worker.cached_model`, whose 4 slots an ensemble would thrash).
+:func:`elephant.replicas.cached_model`, whose 4 slots an ensemble would thrash).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _SCORERS: dict[tuple, Any] = {}  # per Python worker: (compile config, output sh
 
 def _predict(specs: Sequence[tuple], x, batch_size, how: str, weights, scored: bool = False):
     """Executor side: the combined prediction of a block (``scored``: what evaluate scores)."""
-    from elephant.worker import predict_block
+    from elephant.replicas import predict_block
 
     preds = [predict_block(m, x, batch_size) for m in _members(specs)]
     return _scored(preds, how, weights) if scored else combine_predictions(preds, how, weights)
@@ -51,12 +51,12 @@ def _predict(specs: Sequence[tuple], x, batch_size, how: str, weights, scored: b
 
 def _members(specs: Sequence[tuple]) -> list:
     """Executor side: the member models of ``specs``, built once per Python worker (2 ensembles kept)."""
-    from elephant import worker
+    from elephant import replicas
     from elephant.model_io import model_from_bytes
 
     key = tuple(fp for _, fp, _ in specs)
     if key not in _CACHE:
-        worker.limit_threads(1)
+        replicas.limit_threads(1)
         if logging.getLogger("tensorflow").level == logging.NOTSET:  # members' first calls trip TF's
             logging.getLogger("tensorflow").setLevel(logging.ERROR)  # retracing warning: noise
         _CACHE[key] = [model_from_bytes(b.value, co) for b, _, co in specs]
@@ -153,7 +153,7 @@ class Ensemble:
 
         def task(items):
             from elephant.ensemble import _members
-            from elephant.worker import predict_block
+            from elephant.replicas import predict_block
 
             return [[predict_block(m, b, batch_size) for m in _members(specs)] for b in items]
 
@@ -228,7 +228,7 @@ class Ensemble:
 
             def task(blocks):
                 from elephant.ensemble import _predict, _scorer
-                from elephant.worker import evaluate_block
+                from elephant.replicas import evaluate_block
 
                 scored = [(_predict(specs, xb, batch_size, how, weights, scored=True), yb) for xb, yb in blocks]
                 return [(len(out), evaluate_block(_scorer(config, out.shape[1:], custom), out, yb, batch_size))

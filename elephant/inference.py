@@ -34,11 +34,11 @@ class ModelShipment:
 
 
 def _model(spec):
-    from elephant import worker
+    from elephant import replicas
 
     broadcast, fp, custom_objects = spec
-    worker.limit_threads(1)
-    return worker.cached_model(broadcast, fp, "inference", custom_objects)
+    replicas.limit_threads(1)
+    return replicas.cached_model(broadcast, fp, "inference", custom_objects)
 
 
 def _concat_outputs(parts: list[Any]) -> Any:
@@ -73,7 +73,7 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
         return _predict_rdd(x, spec, batch_size, D.model_input_shapes(model))
 
     def task(blocks):
-        from elephant.worker import predict_block
+        from elephant.replicas import predict_block
 
         m = _model(spec)
         return [predict_block(m, b, batch_size) for b in blocks]
@@ -170,7 +170,7 @@ def padded_predict(model: Any, x: np.ndarray, batch_size: int | None) -> Any:
     """``model.predict(x)`` in whole batches: the rows are padded to a multiple of the batch
     size and the padding's outputs dropped, so every call has the same batch shape and the
     traced predict function is never traced again for a ragged last batch."""
-    from elephant.worker import predict_block
+    from elephant.replicas import predict_block
 
     size = batch_size or 32
     n = len(x)
@@ -219,7 +219,7 @@ def _arrow_iter_udf(fn: Any, return_type: Any):
 
 def _predict_rdd(rdd, spec, batch_size, expected_shapes):
     def task(items):
-        from elephant.worker import predict_block
+        from elephant.replicas import predict_block
 
         # _model is cached per Python worker; it is built only if the partition has rows
         return rdd_predictions(items, lambda x: predict_block(_model(spec), x, batch_size), expected_shapes)
@@ -252,7 +252,7 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
         spec = ship.spec()
 
     def task(blocks):
-        from elephant.worker import evaluate_block, weighted_metric_keys
+        from elephant.replicas import evaluate_block, weighted_metric_keys
 
         out = []
         m = None

@@ -84,7 +84,7 @@ def structure_fingerprint(model) -> str:
     model's weights: every training task overwrites those with the center it
     pulls. Two fits of models that differ only in their weights (a notebook cell
     run again, a benchmark's seeds) can therefore share a rebuilt replica and its
-    traced train step (see :func:`elephant.worker.training_model`).
+    traced train step (see :func:`elephant.replicas.training_model`).
     """
     import numpy as np
 

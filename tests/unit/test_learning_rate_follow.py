@@ -10,7 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
 from elephant import optimizers as O  # noqa: E402
-from elephant import worker  # noqa: E402
+from elephant import replicas, worker  # noqa: E402
 from elephant.errors import PSError, ProtocolError  # noqa: E402
 from elephant.fit.loop import follow_learning_rate as _follow_learning_rate  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
@@ -85,7 +85,7 @@ def test_a_worker_trains_with_the_rate_of_its_task(linear_data):
     worker.run_partition(spec, 0, 1, [linear_data], InProcessClient(store))
     for got, want in zip(store.center(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)  # a rate of 0: every delta was exactly 0
-    assert float(worker.training_model(spec).optimizer.learning_rate.numpy()) == 0.0
+    assert float(replicas.training_model(spec).optimizer.learning_rate.numpy()) == 0.0
     moved = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-m")
     worker.run_partition(dataclasses.replace(spec, run="run-m", learning_rate=0.05), 0, 1, [linear_data],
                          InProcessClient(moved))

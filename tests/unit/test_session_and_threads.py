@@ -74,7 +74,7 @@ def test_task_slots_divide_parallelism_by_cpus_per_task():
 def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():
     pytest.importorskip("tensorflow")
     code = (
-        "from elephant.worker import limit_threads\n"
+        "from elephant.replicas import limit_threads\n"
         "limit_threads(1)\n"
         "import tensorflow as tf\n"
         "print(tf.config.threading.get_intra_op_parallelism_threads(),"

@@ -10,7 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
 from elephant import optimizers as O  # noqa: E402
-from elephant import worker  # noqa: E402
+from elephant import replicas, worker  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 from tests.unit.helpers import tiny_model  # noqa: E402
@@ -70,7 +70,7 @@ def test_single_worker_downpour_equals_local_training(linear_data):
     model_bytes = model_to_bytes(model)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-b")
     worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [linear_data], RecordingClient(store))
-    local = worker.training_model(_spec(model_bytes, "run-b", window=2))
+    local = replicas.training_model(_spec(model_bytes, "run-b", window=2))
     for c, w in zip(store.center(), local.get_weights()):
         np.testing.assert_allclose(c, w, rtol=1e-6, atol=1e-7)
     assert not np.allclose(store.center()[0], model.get_weights()[0])  # it did train
@@ -82,10 +82,10 @@ def test_model_is_built_once_per_process_and_run(linear_data):
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-c")
     client = RecordingClient(store)
     worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=0), 0, 1, [linear_data], client)
-    first = worker.training_model(_spec(model_bytes, "run-c", window=None))
+    first = replicas.training_model(_spec(model_bytes, "run-c", window=None))
     iterations = int(first.optimizer.iterations.numpy())
     worker.run_partition(_spec(model_bytes, "run-c", window=None, epoch=1), 0, 2, [linear_data], client)
-    again = worker.training_model(_spec(model_bytes, "run-c", window=None))
+    again = replicas.training_model(_spec(model_bytes, "run-c", window=None))
     assert again is first
     # the local Keras optimizer state persists across epochs within a process
     assert int(again.optimizer.iterations.numpy()) == 2 * iterations == 8
@@ -121,7 +121,7 @@ def test_fits_of_one_structure_share_a_replica_but_never_its_optimizer_state(lin
     assert structure != structure_fingerprint(tiny_model())
 
     def replica(model, run):
-        return worker.training_model(dataclasses.replace(_spec(model_to_bytes(model), run, window=2), structure=structure))
+        return replicas.training_model(dataclasses.replace(_spec(model_to_bytes(model), run, window=2), structure=structure))
 
     _fit_epochs(first, _store(first, "share-a"), "share-a", [0], linear_data, structure)
     shared = replica(first, "share-a")
@@ -210,12 +210,12 @@ def test_the_worker_pass_equals_keras_fit(linear_data):
     x, y = linear_data
     model = tiny_model()
     model_bytes = model_to_bytes(model)
-    reference = worker.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference")
+    reference = replicas.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference")
     fitted = reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-canary")
     spec = dataclasses.replace(_spec(model_bytes, "run-canary", window=None), shuffle=False)
     (stats,) = worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
-    mine = worker.training_model(spec)
+    mine = replicas.training_model(spec)
     assert mine is not reference
     for a, b in zip(mine.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -269,8 +269,8 @@ def test_weight_access_reads_and_writes_what_keras_would():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(), Mixed(),
                               keras.layers.Dense(2)])
     model.compile(keras.optimizers.Adam(), "mse")
-    access = worker.weight_access(model)
-    assert worker.weight_access(model) is access
+    access = replicas.weight_access(model)
+    assert replicas.weight_access(model) is access
     for got, want in zip(access.get(), model.get_weights(), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
@@ -290,12 +290,12 @@ def test_a_weighted_pass_equals_keras_fit_with_sample_weight(linear_data):
     model = tiny_model()
     model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"], weighted_metrics=["mae"])
     model_bytes = model_to_bytes(model)
-    reference = worker.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference-weighted")
+    reference = replicas.cached_model(model_bytes, fingerprint(model_bytes), "fit-reference-weighted")
     fitted = reference.fit(x, y, sample_weight=w, batch_size=32, epochs=1, shuffle=False, verbose=0)
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-weighted")
     spec = dataclasses.replace(_spec(model_bytes, "run-weighted", window=None), shuffle=False)
     (stats,) = worker.run_partition(spec, 0, 1, [(x, y, w)], RecordingClient(store))
-    for a, b in zip(worker.training_model(spec).get_weights(), reference.get_weights()):
+    for a, b in zip(replicas.training_model(spec).get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     for key in ("loss", "mae", "weighted_mae"):
         assert stats["logs"][key] == pytest.approx(fitted.history[key][0], rel=1e-5), key

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
 from elephant import optimizers as O  # noqa: E402
-from elephant import worker  # noqa: E402
+from elephant import replicas, worker  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.client import InProcessClient  # noqa: E402
@@ -132,7 +132,7 @@ def test_the_last_partial_window_is_flushed_after_the_commit_in_flight(linear_da
     assert client.sent == [(0, 3, 96), (1, 1, 4)]
     assert stats["commits"] == 2 and store.metrics()["commits_applied"] == 2
     # one worker: the center holds all the progress, and so does the replica after the merges
-    replica = worker.training_model(spec)
+    replica = replicas.training_model(spec)
     for got, want in zip(replica.get_weights(), store.center(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
