@@ -16,7 +16,7 @@ import numpy as np
 
 from elephant.errors import ConfigError
 
-__all__ = ["COMBINES", "check_weights", "combine_predictions", "vote_shares"]
+__all__ = ["COMBINES", "check_combine", "check_weights", "combine_predictions", "scored", "vote_shares"]
 
 COMBINES = ("mean", "vote")
 
@@ -34,7 +34,7 @@ def check_weights(weights: Any, n: int) -> tuple[float, ...] | None:
     return tuple(float(v) for v in w)
 
 
-def _check_combine(combine: Any) -> str:
+def check_combine(combine: Any) -> str:
     if combine not in COMBINES:
         raise ConfigError(f"`combine` must be 'mean' or 'vote'; received combine={combine!r}")
     return combine
@@ -81,7 +81,7 @@ def combine_predictions(preds: Sequence[Any], combine: str = "mean", weights: Se
     return np.average(stack, axis=0, weights=np.asarray(weights, dtype=float)).astype(dtype, copy=False)
 
 
-def _scored(preds: Sequence[Any], combine: str, weights) -> Any:
+def scored(preds: Sequence[Any], combine: str, weights) -> Any:
     """What evaluate scores: the mean output, or the vote shares (class-1 share for one sigmoid unit)."""
     if combine == "mean":
         return combine_predictions(preds, "mean", weights)

@@ -29,6 +29,8 @@ __all__ = [
     "num_samples",
     "take",
     "split_numpy",
+    "ordered_blocks",
+    "concat_outputs",
     "unpack",
     "check_xy",
     "check_sample_weight",
@@ -100,6 +102,22 @@ def take(x: Any, index) -> Any:
     if x is None:
         return None
     return _map(x, lambda a: a[index])
+
+
+def concat_outputs(parts: list[Any]) -> Any:
+    """Predictions of consecutive blocks joined in order (arrays, or lists/dicts of them for several outputs)."""
+    parts = [p for p in parts if p is not None]
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if isinstance(parts[0], (list, tuple)):
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+    return np.concatenate(parts)
+
+
+def ordered_blocks(x: Any, num_workers: int) -> list[Any]:
+    """``x`` cut into at most ``num_workers`` contiguous blocks, in order (for predictions that keep it)."""
+    n = num_samples(x)
+    return [take(x, idx) for idx in np.array_split(np.arange(n), min(num_workers, n))]
 
 
 def split_numpy(x: Any, y: Any, num_parts: int, seed: int | None = 0, sample_weight: Any = None) -> list[tuple]:

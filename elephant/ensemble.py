@@ -26,7 +26,7 @@ import numpy as np
 from elephant import combine as C
 from elephant import data as D
 from elephant import session
-from elephant.combine import _check_combine, _scored, check_weights, combine_predictions, vote_shares
+from elephant.combine import check_combine, check_weights, combine_predictions, vote_shares
 from elephant.errors import ConfigError, DataError, ElephantError
 from elephant.sources import RDDSource, source
 
@@ -46,7 +46,7 @@ def _predict(specs: Sequence[tuple], x, batch_size, how: str, weights, scored: b
     from elephant.replicas import predict_block
 
     preds = [predict_block(m, x, batch_size) for m in _members(specs)]
-    return _scored(preds, how, weights) if scored else combine_predictions(preds, how, weights)
+    return C.scored(preds, how, weights) if scored else combine_predictions(preds, how, weights)
 
 
 def _members(specs: Sequence[tuple]) -> list:
@@ -102,7 +102,7 @@ class Ensemble:
         models = [getattr(m, "model", m) if type(m).__name__ == "SparkModel" else m for m in (models or [])]
         if not models or not all(isinstance(m, keras.Model) for m in models):
             raise ConfigError(f"`models` must be a non-empty list of keras.Model; received {[type(m).__name__ for m in models]}")
-        self.models, self.combine = list(models), _check_combine(combine)
+        self.models, self.combine = list(models), check_combine(combine)
         self.weights = check_weights(weights, len(models))
         self.custom_objects, self.num_workers, self._spark = dict(custom_objects or {}), num_workers, spark
         self.histories: list | None = None  # member fit histories, set by fit_members
@@ -145,10 +145,8 @@ class Ensemble:
         data.checked_features(self.models[0])
         if local:
             return [m.predict(x, batch_size=batch_size, verbose=0) for m in self.models]
-        from elephant.inference import _concat_outputs, _ordered_blocks
-
         sc = self.spark.sparkContext
-        blocks = _ordered_blocks(x, self.num_workers or max(1, sc.defaultParallelism))
+        blocks = D.ordered_blocks(x, self.num_workers or max(1, sc.defaultParallelism))
         broadcasts, specs = self._ship(sc)
 
         def task(items):
@@ -163,7 +161,7 @@ class Ensemble:
         finally:
             for broadcast in broadcasts:
                 broadcast.unpersist()
-        return [_concat_outputs([p[i] for p in parts]) for i in range(len(self.models))]
+        return [D.concat_outputs([p[i] for p in parts]) for i in range(len(self.models))]
 
     def predict(self, x, batch_size: int | None = None, *, local: bool = False,
                 features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
@@ -217,7 +215,7 @@ class Ensemble:
         data.refuse()
         if not data.distributed:
             data.checked_weights(self.models[0])
-            out = _scored(self.predict_members(x, batch_size, local=local), how, weights)
+            out = C.scored(self.predict_members(x, batch_size, local=local), how, weights)
             logs = _scorer(config, out.shape[1:], custom).evaluate(out, y, batch_size=batch_size, verbose=0, return_dict=True)
             parts = [(1, {k: float(v) for k, v in logs.items()})]  # one part: the mean is the value itself
         else:
@@ -278,7 +276,7 @@ class Ensemble:
         if not isinstance(bootstrap, bool):
             raise ConfigError(f"`bootstrap` must be True or False; received bootstrap={bootstrap!r}")
         check_weights(weights, n)
-        _check_combine(combine)
+        check_combine(combine)
         accepted, required = build_params(build_fn)
         if required - {"seed"}:
             raise ConfigError(f"build_fn must be callable with no argument or only `seed`; it requires {sorted(required)}")

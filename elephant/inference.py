@@ -41,20 +41,6 @@ def _model(spec):
     return replicas.cached_model(broadcast, fp, "inference", custom_objects)
 
 
-def _concat_outputs(parts: list[Any]) -> Any:
-    parts = [p for p in parts if p is not None]
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if isinstance(parts[0], (list, tuple)):
-        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
-    return np.concatenate(parts)
-
-
-def _ordered_blocks(x: Any, num_workers: int) -> list[Any]:
-    n = D.num_samples(x)
-    return [D.take(x, idx) for idx in np.array_split(np.arange(n), min(num_workers, n))]
-
-
 def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
             features_col: str | Sequence[str] = "features", prediction_col: str = "prediction"):
     data = source(x)
@@ -79,13 +65,13 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
         return [predict_block(m, b, batch_size) for b in blocks]
 
     try:
-        blocks = _ordered_blocks(x, num_workers)
+        blocks = D.ordered_blocks(x, num_workers)
         # collect() returns partitions in order, so the output keeps the input order
         with session.job_description(sc, f"elephant predict: {D.num_samples(x)} samples on {len(blocks)} partitions"):
             parts = sc.parallelize(blocks, len(blocks)).mapPartitions(task).collect()
     finally:
         ship.close()
-    return _concat_outputs(parts)
+    return D.concat_outputs(parts)
 
 
 def rdd_predictions(items: Any, predict: Any, expected_shapes: list[tuple] | None):
