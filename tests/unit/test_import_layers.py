@@ -143,3 +143,17 @@ def test_an_upward_import_would_be_caught():
     """The layers test can fail: the optimizers importing the façade is flagged."""
     assert _layer("spark_model") > _layer("optimizers.base")
     assert ("optimizers.base", "spark_model") not in LAZY_RE_EXPORTS
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A module's ``_private`` names are its own (it may import them from itself, as Spark tasks do)."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        me = _name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("elephant"):
+                source = node.module.removeprefix("elephant").lstrip(".")
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and source != me:
+                    found.append(f"{me} imports {private} from {source}")
+    assert found == []
