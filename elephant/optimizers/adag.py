@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elephant.optimizers.agn import SqrtScaling, check_sqrt_scaling, check_step_scale, scaled_step
+from elephant.optimizers.agn import NormalizedDeltas, check_sqrt_scaling, check_step_scale, scaled_step
 from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
 
 
@@ -23,7 +23,7 @@ def distance_factor(distance, gamma: float):
 
 
 @register
-class ADAG(SqrtScaling, DistributedOptimizer):
+class ADAG(NormalizedDeltas, DistributedOptimizer):
     """AGN whose deltas are scaled down, per weight, by how far the center moved.
 
     Worker (as :class:`~elephant.optimizers.AGN`): send ``Δ = (θ − θ_pull) / m``
@@ -75,18 +75,6 @@ class ADAG(SqrtScaling, DistributedOptimizer):
         self.gamma = check_number("gamma", gamma, low=0.0, low_open=True)
         self.step_scale = check_step_scale(step_scale)
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
-
-    @property
-    def splits_batch(self) -> bool:  # type: ignore[override]
-        return self.step_scale is None
-
-    def make_commit(self, state, weights, pulled, num_steps):
-        steps = max(int(num_steps), 1)
-        return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
-
-    def server_init(self, center, num_workers):
-        workers = max(int(num_workers), 1)
-        return {"workers": workers, "gain": self.gain(workers)}
 
     def on_pull(self, state, center, clock, worker):
         return {**state, worker: tree_map(np.copy, center)}

@@ -75,8 +75,27 @@ class SqrtScaling:
         return repr(self)
 
 
+class NormalizedDeltas(SqrtScaling):
+    """The side AGN and ADAG share: the worker sends its window's delta per local step, ``(θ − θ_pull) / m``,
+    and the server keeps ``K`` and the square-root gain; ``step_scale=None`` (``m / K``) splits the batch."""
+
+    step_scale: float | None = None
+
+    @property
+    def splits_batch(self) -> bool:  # type: ignore[override]
+        return self.step_scale is None
+
+    def make_commit(self, state, weights, pulled, num_steps):
+        steps = max(int(num_steps), 1)
+        return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
+
+    def server_init(self, center, num_workers):
+        workers = max(int(num_workers), 1)
+        return {"workers": workers, "gain": self.gain(workers)}
+
+
 @register
-class AGN(SqrtScaling, DistributedOptimizer):
+class AGN(NormalizedDeltas, DistributedOptimizer):
     """Asynchronous delta exchange with the delta normalised by the window length.
 
     Worker: after ``m = num_steps`` local steps from ``θ_pull`` to ``θ``, send
@@ -124,18 +143,6 @@ class AGN(SqrtScaling, DistributedOptimizer):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.step_scale = check_step_scale(step_scale)
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
-
-    @property
-    def splits_batch(self) -> bool:  # type: ignore[override]
-        return self.step_scale is None
-
-    def make_commit(self, state, weights, pulled, num_steps):
-        steps = max(int(num_steps), 1)
-        return tree_map(lambda w, p: (w - p) / steps, weights, pulled), state
-
-    def server_init(self, center, num_workers):
-        workers = max(int(num_workers), 1)
-        return {"workers": workers, "gain": self.gain(workers)}
 
     def apply(self, state, center, clock, worker, commit):
         scale = state["gain"] * scaled_step(self.step_scale, commit, state["workers"])
