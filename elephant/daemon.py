@@ -10,12 +10,12 @@ TensorFlow's C++ start-up lines are kept off the console:
 ``TF_CPP_MIN_LOG_LEVEL`` is set to 3 unless the user (or
 ``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL``) set it, and the records that
 TensorFlow writes before absl is initialised, which ignore that variable, are
-filtered at the same threshold (:func:`elephant.session.quiet_tensorflow_import`).
+filtered at the same threshold (:func:`elephant.console.quiet_tensorflow_import`).
 """
 
 import os
 
-from elephant.session import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
+from elephant.console import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
 
 os.environ.setdefault(TF_LOG_ENV, TF_LOG_QUIET)
 

@@ -52,7 +52,7 @@ def _warm_task(_: Any):
     import sys
     import time
 
-    from elephant.session import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
+    from elephant.console import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
 
     preloaded = "keras" in sys.modules
     os.environ.setdefault(TF_LOG_ENV, TF_LOG_QUIET)

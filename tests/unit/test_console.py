@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from elephant import session
+from elephant import console, session
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 INFO = "I0000 00:00:1795547222.569274   31416 port.cc:153] oneDNN custom operations are on.\n"
@@ -16,7 +16,7 @@ PYTHON = "Traceback (most recent call last):\n"
 
 
 def kept(level, lines):
-    keep = session.native_log_filter(level)
+    keep = console.native_log_filter(level)
     return [line for line in lines if keep(line)]
 
 
@@ -32,21 +32,21 @@ def test_native_records_below_the_level_are_dropped_and_other_lines_kept(level, 
 
 @pytest.mark.parametrize("value, level", [(None, 0), ("2", 2), ("3", 3), ("-1", 0), ("loud", 0)])
 def test_tf_log_level_reads_the_variable(value, level):
-    assert session.tf_log_level({} if value is None else {"TF_CPP_MIN_LOG_LEVEL": value}) == level
+    assert console.tf_log_level({} if value is None else {"TF_CPP_MIN_LOG_LEVEL": value}) == level
 
 
 def test_quiet_import_filters_file_descriptor_2_and_keeps_the_rest(capfd):
-    with session.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "2"}):
+    with console.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "2"}):
         os.write(2, (ABSL + INFO + WARN + ERROR + PYTHON).encode())
     assert capfd.readouterr().err == ERROR + PYTHON
 
 
 def test_quiet_import_at_level_0_changes_nothing_and_an_error_still_propagates(capfd):
-    with session.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "0"}):
+    with console.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "0"}):
         os.write(2, INFO.encode())
     assert capfd.readouterr().err == INFO
     with pytest.raises(ImportError):
-        with session.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "3"}):
+        with console.quiet_tensorflow_import({"TF_CPP_MIN_LOG_LEVEL": "3"}):
             os.write(2, (INFO + PYTHON).encode())
             raise ImportError("no tensorflow")
     assert capfd.readouterr().err == PYTHON  # written back before the error leaves the block

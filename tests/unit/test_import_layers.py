@@ -18,7 +18,7 @@ ROOT = pathlib.Path(elephant.__file__).parent
 
 #: Bottom up. A module may import from its own layer and the layers below it.
 LAYERS = [
-    ("ground", ["errors", "weights", "protocol"]),
+    ("ground", ["errors", "weights", "protocol", "console"]),
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire"]),
     ("pure state and checks", ["ps.rounds", "ps.store", "data", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
