@@ -142,7 +142,6 @@ def test_weighted_records_and_blocks_become_weighted_blocks():
     np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.2, 0.5, 0.3], [0.0, 0.4, 0.6]]),  # probabilities: the arg-max
 ])
 def test_class_weights_are_keras_own(y):
-    pytest.importorskip("keras")
     from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
     weights = {0: 1.5, 2: 4.0}  # class 1 missing: weight 1
@@ -161,7 +160,8 @@ def test_class_weights_refuse_a_block_that_already_has_weights():
 
 # ------------------------------------------------------------------ Arrow columns
 def test_arrow_tensor_turns_list_nested_and_scalar_columns_into_sample_arrays():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     rows = [[float(i), float(i) + 0.5, -1.0] for i in range(5)]
     column = pa.array(rows, pa.list_(pa.float64()))
     x = D.arrow_tensor(column.slice(1, 3), "features")  # a slice keeps its offsets
@@ -177,7 +177,8 @@ def test_arrow_tensor_turns_list_nested_and_scalar_columns_into_sample_arrays():
 
 
 def test_arrow_tensor_refuses_ragged_arrays_and_nulls_naming_the_column():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     with pytest.raises(DataError, match=r"column 'features' holds arrays of different lengths \(2 to 3\)"):
         D.arrow_tensor(pa.array([[1.0, 2.0], [1.0, 2.0, 3.0]]), "features")
     with pytest.raises(DataError, match=r"column 'label' holds 1 null"):
@@ -202,6 +203,7 @@ def test_packed_arrays_round_trip_without_pickle():
 
 
 def test_arrow_tensor_refuses_text_columns():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     with pytest.raises(DataError, match=r"column 'label' holds string values; expected numbers"):
         D.arrow_tensor(pa.array(["cat", "dog"]), "label", dtype=None)

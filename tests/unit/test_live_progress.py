@@ -3,11 +3,8 @@
 import threading
 import time
 
-import pytest
 
-pytest.importorskip("keras")
-
-from elephant.fit_loop import LiveProgress  # noqa: E402
+from elephant.fit_loop import LiveProgress
 
 
 class _Store:

@@ -6,11 +6,9 @@ import sys
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
+from elephant import session
 
-from elephant import session  # noqa: E402
-
-from .helpers import RecordingBuilder  # noqa: E402
+from .helpers import RecordingBuilder
 
 
 def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(monkeypatch):
@@ -72,7 +70,6 @@ def test_task_slots_divide_parallelism_by_cpus_per_task():
 
 
 def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():
-    pytest.importorskip("tensorflow")
     code = (
         "from elephant.worker import limit_threads\n"
         "limit_threads(1)\n"

@@ -5,11 +5,9 @@ import sys
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
+from elephant import session
 
-from elephant import session  # noqa: E402
-
-from .helpers import RecordingBuilder  # noqa: E402
+from .helpers import RecordingBuilder
 
 SUBMITTED = {"PYSPARK_GATEWAY_PORT": "40000"}  # the driver runs under spark-submit
 PLAIN = {}  # plain python: PySpark starts the JVM as "spark-submit pyspark-shell"

@@ -8,14 +8,12 @@ commits arrive.
 """
 
 import numpy as np
-import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st
 
-from elephant import optimizers as O  # noqa: E402
-from elephant.optimizers import simulate  # noqa: E402
-from elephant.optimizers.steps import quadratic  # noqa: E402
+from elephant import optimizers as O
+from elephant.optimizers import simulate
+from elephant.optimizers.steps import quadratic
 
 LR = 0.1
 INIT = [np.array([0.5, -1.0]), np.array([[2.0]])]

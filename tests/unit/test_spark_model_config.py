@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402
 
 from elephant import SparkModel  # noqa: E402
 from elephant.errors import ConfigError, DataError  # noqa: E402
@@ -240,7 +240,8 @@ def test_a_local_optimizer_that_breaks_the_rule_is_warned_about(caplog, local, r
 
 
 def test_a_tf_dataset_is_refused_naming_its_type(model):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     dataset = tf.data.Dataset.from_tensor_slices((np.zeros((5, 4), "float32"), np.zeros(5)))
     with pytest.raises(DataError, match=r"received tensorflow\..*Dataset.* cannot be split across Spark executors"):
         SparkModel(model, spark=_NoSpark()).fit(dataset, epochs=1)
