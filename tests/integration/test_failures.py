@@ -10,7 +10,7 @@ import pytest
 from elephant import SparkModel
 from elephant.errors import ConfigError, FitError
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 
 def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):

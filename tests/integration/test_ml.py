@@ -9,7 +9,7 @@ import pytest
 
 from elephant.errors import ConfigError
 
-from .conftest import digits_model
+from .helpers import digits_model
 
 FEATURES = [f"p{i}" for i in range(64)]
 

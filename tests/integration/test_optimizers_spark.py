@@ -5,7 +5,7 @@ import pytest
 from elephant import SparkModel
 from elephant import optimizers as O
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 # name -> (frequency, local optimizer, epochs). Normalising rules (AGN, ADAG) commit one
 # *average* step per window, so they get a shorter window and a larger learning rate;

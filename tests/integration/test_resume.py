@@ -12,7 +12,7 @@ import pytest
 
 from elephant import SparkModel, checkpoint
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 from .test_failures import _port_is_free
 
 

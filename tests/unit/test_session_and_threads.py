@@ -8,18 +8,9 @@ import pytest
 
 from elephant import session
 
-from .helpers import RecordingBuilder
 
-
-def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(monkeypatch):
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    builder = RecordingBuilder()
-    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
-    monkeypatch.setattr(SparkSession, "builder", builder)
-    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(no_session, monkeypatch):
+    builder = no_session
     # nothing configured: no JVM is started, and a master left by earlier sessions of this process
     # (the integration tests run first in the full suite) does not leak in
     monkeypatch.setattr(session, "launch_conf", lambda: {})
