@@ -194,7 +194,7 @@ def test_packed_arrays_round_trip_without_pickle():
     for block in [(x, y), (x, None), (x, y, w), (x[:0], y[:0])]:
         back = D.unpack_arrays(D.pack_arrays(block))
         assert len(back) == len(block)
-        for a, b in zip(block, back):
+        for a, b in zip(block, back, strict=True):
             if a is None:
                 assert b is None
             else:

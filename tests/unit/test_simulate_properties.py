@@ -22,7 +22,7 @@ SETTINGS = settings(max_examples=40, deadline=None)
 
 
 def _close(a, b):
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
 
 
@@ -49,7 +49,7 @@ def asynchronous_schedules(draw, max_workers=4, max_steps=4):
 def _sequential_sgd(total_steps):
     w = [a.copy() for a in INIT]
     for _ in range(total_steps):
-        w = [a - LR * g for a, g in zip(w, GRAD(w))]
+        w = [a - LR * g for a, g in zip(w, GRAD(w), strict=True)]
     return w
 
 
@@ -101,5 +101,5 @@ def test_a_synchronous_round_does_not_depend_on_commit_order(case):
     for rule in (O.ModelAveraging(), O.EASGD()):
         a = simulate(rule, INIT, GRAD, ordered, mode="synchronous", num_samples=[8, 16, 24, 32][:n], local_lr=LR)
         b = simulate(rule, INIT, GRAD, shuffled, mode="synchronous", num_samples=[8, 16, 24, 32][:n], local_lr=LR)
-        for x, y in zip(a.center, b.center):
+        for x, y in zip(a.center, b.center, strict=True):
             np.testing.assert_array_equal(x, y)
