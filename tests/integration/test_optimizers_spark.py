@@ -56,4 +56,10 @@ def test_optimizer_trains_digits(spark, digits, name):
     print(f"{name}: test accuracy {acc:.3f} after {epochs} epochs, {sm.last_metrics['commits_applied']} commits")
     assert acc >= 0.90, f"{name}: test accuracy {acc:.3f}"
     if mode == "asynchronous":
-        assert history.history["staleness"][-1] >= 0
+        # A commit's staleness is the server clock when it is applied minus the clock of the center it
+        # was trained from. Two workers commit concurrently, so some commits find the center moved by the
+        # other worker's; and no epoch's mean exceeds the largest staleness the server recorded.
+        staleness = history.history["staleness"]
+        assert len(staleness) == epochs, staleness
+        assert max(staleness) > 0, f"{name}: no commit was stale in {epochs} epochs: {staleness}"
+        assert max(staleness) <= sm.last_metrics["staleness_max"], (staleness, sm.last_metrics["staleness_max"])
