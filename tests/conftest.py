@@ -6,10 +6,26 @@ import threading
 
 import pytest
 
+# At import, before any test module is collected: TensorFlow reads its native log level
+# once, when it is first imported, and the test modules import keras at collection.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# Read when a Spark JVM or Python worker starts, so a session fixture is early enough.
+SPARK_ENV = {
+    "PYSPARK_PYTHON": sys.executable,  # Spark's Python workers run this interpreter
+    "PYSPARK_DRIVER_PYTHON": sys.executable,
+    "SPARK_LOCAL_IP": "127.0.0.1",  # nothing binds beyond loopback
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_environment():
+    """Set the Spark variables the user has not set for the run, and restore the environment after it."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in SPARK_ENV.items():
+            if name not in os.environ:
+                mp.setenv(name, value)
+        yield
 
 
 def _ps_threads():
@@ -18,7 +34,7 @@ def _ps_threads():
 
 @pytest.fixture(autouse=True)
 def no_leaked_parameter_server():
-    """Fail a test that leaves a parameter-server thread running."""
+    """Fail a test that leaves a parameter-server thread (serve loop or handler) running."""
     before = set(_ps_threads())
     yield
     leaked = [name for name in _ps_threads() if name not in before]

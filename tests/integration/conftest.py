@@ -7,15 +7,13 @@ tests see real Spark retries; nothing else fails, so it behaves as ``local[2]``.
 import os
 import sys
 
-import numpy as np
 import pytest
-
-pytestmark = pytest.mark.integration
 
 
 def pytest_collection_modifyitems(items):
+    """Mark every test under tests/integration ``integration`` (``-m 'not integration'`` leaves them out)."""
     for item in items:
-        if "tests/integration" in str(item.fspath):
+        if "tests/integration" in item.path.as_posix():
             item.add_marker(pytest.mark.integration)
 
 
@@ -49,21 +47,3 @@ def digits():
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype("float32")
     return train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
-
-
-def digits_model(seed=0, lr=1e-3):
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
-    ])
-    model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def accuracy(model, x, y):
-    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))

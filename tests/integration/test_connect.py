@@ -21,10 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc  # noqa: F401  the Spark Connect client's transport: pyspark[connect], in the dev extra
+import pyspark
 import pytest
-
-pyspark = pytest.importorskip("pyspark")
-pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect] (grpcio and friends)")
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 START = SPARK_HOME / "sbin" / "start-connect-server.sh"

@@ -8,7 +8,7 @@ import pytest
 from elephant.ensemble import Ensemble
 from elephant.errors import ElephantError
 
-from .conftest import digits_model
+from .helpers import digits_model
 
 
 @pytest.fixture(scope="module")

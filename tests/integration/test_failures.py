@@ -10,7 +10,7 @@ import pytest
 from elephant import SparkModel
 from elephant.errors import ConfigError, FitError
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 
 def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):
@@ -62,7 +62,7 @@ def test_failed_fit_stops_the_server_and_frees_the_port(spark, digits, monkeypat
     port = int(sm.ps_url.rsplit(":", 1)[1].split("/")[0])
     assert _port_is_free(port)
     # a half-applied epoch never reaches sm.model
-    for a, b in zip(before, sm.model.get_weights()):
+    for a, b in zip(before, sm.model.get_weights(), strict=True):
         assert (a == b).all()
     monkeypatch.delenv("ELEPHANT_FAULT")
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the next fit works
@@ -112,7 +112,7 @@ def test_a_failed_synchronous_fit_frees_its_port_too(spark, digits, monkeypatch)
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
     assert sm.last_metrics["epochs_rolled_back"] == 2 and sm.last_ledger == []
-    assert all((a == b).all() for a, b in zip(before, sm.model.get_weights()))
+    assert all((a == b).all() for a, b in zip(before, sm.model.get_weights(), strict=True))
 
 
 def test_a_failed_synchronous_epoch_is_rolled_back_and_trained_again(spark, digits, tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def test_on_failure_keep_keeps_the_partial_progress(spark, digits, monkeypatch):
                                        r"holds the center with the failed epoch's partial progress"):
         sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
     assert sm.last_metrics["epochs_rolled_back"] == 0 and sm.last_metrics["commits_applied"] >= 5
-    assert any((a != b).any() for a, b in zip(before, sm.model.get_weights()))
+    assert any((a != b).any() for a, b in zip(before, sm.model.get_weights(), strict=True))
 
 
 def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):

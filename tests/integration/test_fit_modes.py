@@ -5,7 +5,7 @@ import pytest
 
 from elephant import SparkModel
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 
 # Whole-epoch windows use DynSGD in the asynchronous modes: DOWNPOUR sums the workers'

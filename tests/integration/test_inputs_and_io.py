@@ -6,7 +6,7 @@ import pytest
 import elephant
 from elephant import SparkModel
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 
 def test_diabetes_regression_beats_the_mean_predictor(spark):

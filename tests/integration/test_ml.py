@@ -9,7 +9,7 @@ import pytest
 
 from elephant.errors import ConfigError
 
-from .conftest import digits_model
+from .helpers import digits_model
 
 FEATURES = [f"p{i}" for i in range(64)]
 
@@ -48,7 +48,7 @@ def test_a_pipeline_trains_predicts_class_indices_and_round_trips_through_save_a
     est = KerasEstimator(model=user_model, featuresCol="scaled", epochs=4, batchSize=32, numWorkers=2,
                          validationSplit=0.1, mode="synchronous", frequency=4)
     fitted = pipeline(est).fit(train)
-    assert all((a == b).all() for a, b in zip(before, user_model.get_weights()))  # the user's model is untouched
+    assert all((a == b).all() for a, b in zip(before, user_model.get_weights(), strict=True))  # the user's model is untouched
     stage = fitted.stages[-1]
     assert len(stage.history["loss"]) == 4 and "val_accuracy" in stage.history  # epochs, validationSplit
     assert stage.fit_plan["mode"] == "synchronous" and stage.fit_plan["window"] == 4  # mode, frequency

@@ -5,7 +5,7 @@ import pytest
 from elephant import SparkModel
 from elephant import optimizers as O
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 # name -> (frequency, local optimizer, epochs). Normalising rules (AGN, ADAG) commit one
 # *average* step per window, so they get a shorter window and a larger learning rate;
@@ -56,4 +56,10 @@ def test_optimizer_trains_digits(spark, digits, name):
     print(f"{name}: test accuracy {acc:.3f} after {epochs} epochs, {sm.last_metrics['commits_applied']} commits")
     assert acc >= 0.90, f"{name}: test accuracy {acc:.3f}"
     if mode == "asynchronous":
-        assert history.history["staleness"][-1] >= 0
+        # A commit's staleness is the server clock when it is applied minus the clock of the center it
+        # was trained from. Two workers commit concurrently, so some commits find the center moved by the
+        # other worker's; and no epoch's mean exceeds the largest staleness the server recorded.
+        staleness = history.history["staleness"]
+        assert len(staleness) == epochs, staleness
+        assert max(staleness) > 0, f"{name}: no commit was stale in {epochs} epochs: {staleness}"
+        assert max(staleness) <= sm.last_metrics["staleness_max"], (staleness, sm.last_metrics["staleness_max"])

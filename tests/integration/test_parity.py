@@ -11,7 +11,7 @@ import pytest
 
 from elephant import SparkModel
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 
 EPOCHS = 10
 

@@ -12,7 +12,7 @@ import pytest
 
 from elephant import SparkModel, checkpoint
 
-from .conftest import accuracy, digits_model
+from .helpers import accuracy, digits_model
 from .test_failures import _port_is_free
 
 
@@ -48,7 +48,7 @@ def test_a_fit_resumes_after_the_last_saved_epoch(spark, digits, tmp_path):
     history = resumed.fit(x_train, y_train, epochs=4, batch_size=32, verbose=0,
                           callbacks=[keras.callbacks.BackupAndRestore(backup_dir), probe])
     assert history.epoch == [1, 2, 3]  # epoch 0 is not trained again, as in Keras
-    for a, b in zip(seen["weights"], saved.center):
+    for a, b in zip(seen["weights"], saved.center, strict=True):
         np.testing.assert_array_equal(a, b)
     assert seen["lr"] == pytest.approx(0.5e-3)  # the rate the scheduler set before the crash
     assert not os.path.exists(backup_dir)  # removed at the end, as Keras' delete_checkpoint=True does

@@ -12,7 +12,7 @@ from elephant import optimizers as O
 from elephant.errors import PSError
 from elephant.search import hp, minimize
 
-from .conftest import accuracy
+from .helpers import accuracy
 
 
 def small_model(units=16, lr=1e-2):

@@ -22,9 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyspark
 import pytest
-
-pyspark = pytest.importorskip("pyspark")
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from elephant import SparkModel
-from tests.integration.conftest import accuracy, digits_model
+from tests.integration.helpers import accuracy, digits_model
 
 
 def _learned_true_digits(model, x_test, y_test):

@@ -1,24 +1,11 @@
-"""Shared fixtures of the unit tests."""
+"""Shared fixtures of the unit tests (the leak check is tests/conftest.py's)."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
 
-
-def _ps_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("elephant-ps"))
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_ps_threads():
-    """Fail a test that leaves a parameter-server thread (serve loop or handler) running."""
-    before = _ps_threads()
-    yield
-    leaked = [name for name in _ps_threads() if name not in before]
-    assert not leaked, f"parameter-server threads left running: {leaked}"
+from .helpers import RecordingBuilder
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +15,17 @@ def linear_data():
     x = rng.normal(size=(100, 3)).astype("float32")
     y = (x @ np.array([[1.0, -1.0], [0.5, 2.0], [0.0, 1.0]], dtype="float32")).astype("float32")
     return x, y
+
+
+@pytest.fixture
+def no_session(monkeypatch):
+    """No active SparkSession or SparkContext; ``SparkSession.builder`` is a :class:`RecordingBuilder` (returned)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    builder = RecordingBuilder()
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    monkeypatch.setattr(SparkSession, "builder", builder)
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    return builder

@@ -6,11 +6,9 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("safetensors")  # the checkpoint's file format
-
-from elephant import checkpoint  # noqa: E402
-from elephant.errors import ConfigError  # noqa: E402
-from elephant.optimizers.dcasgd import DCASGDState  # noqa: E402
+from elephant import checkpoint
+from elephant.errors import ConfigError
+from elephant.optimizers.dcasgd import DCASGDState
 
 
 def _checkpoint(epochs_done=3, state=None, value=1.0):

@@ -71,7 +71,7 @@ def test_a_task_result_round_trips_without_pickle(state):
     assert isinstance(data, bytes)
     got_stats, outcome = decode_result(data, "elephant.optimizers")
     assert got_stats == [{"partition": 0, "samples": 7, "logs": {"loss": 0.5}, "diverged_at": None}]
-    for a, b in zip(outcome.center, hosted.center()):
+    for a, b in zip(outcome.center, hosted.center(), strict=True):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
     assert type(outcome.state) is type(state)

@@ -143,7 +143,6 @@ def test_weighted_records_and_blocks_become_weighted_blocks():
     np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.2, 0.5, 0.3], [0.0, 0.4, 0.6]]),  # probabilities: the arg-max
 ])
 def test_class_weights_are_keras_own(y):
-    pytest.importorskip("keras")
     from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
     weights = {0: 1.5, 2: 4.0}  # class 1 missing: weight 1
@@ -162,7 +161,8 @@ def test_class_weights_refuse_a_block_that_already_has_weights():
 
 # ------------------------------------------------------------------ Arrow columns
 def test_arrow_tensor_turns_list_nested_and_scalar_columns_into_sample_arrays():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     rows = [[float(i), float(i) + 0.5, -1.0] for i in range(5)]
     column = pa.array(rows, pa.list_(pa.float64()))
     x = A.arrow_tensor(column.slice(1, 3), "features")  # a slice keeps its offsets
@@ -178,7 +178,8 @@ def test_arrow_tensor_turns_list_nested_and_scalar_columns_into_sample_arrays():
 
 
 def test_arrow_tensor_refuses_ragged_arrays_and_nulls_naming_the_column():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     with pytest.raises(DataError, match=r"column 'features' holds arrays of different lengths \(2 to 3\)"):
         A.arrow_tensor(pa.array([[1.0, 2.0], [1.0, 2.0, 3.0]]), "features")
     with pytest.raises(DataError, match=r"column 'label' holds 1 null"):
@@ -194,7 +195,7 @@ def test_packed_arrays_round_trip_without_pickle():
     for block in [(x, y), (x, None), (x, y, w), (x[:0], y[:0])]:
         back = A.unpack_arrays(A.pack_arrays(block))
         assert len(back) == len(block)
-        for a, b in zip(block, back):
+        for a, b in zip(block, back, strict=True):
             if a is None:
                 assert b is None
             else:
@@ -203,6 +204,7 @@ def test_packed_arrays_round_trip_without_pickle():
 
 
 def test_arrow_tensor_refuses_text_columns():
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
+
     with pytest.raises(DataError, match=r"column 'label' holds string values; expected numbers"):
         A.arrow_tensor(pa.array(["cat", "dog"]), "label", dtype=None)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402
 
 from elephant.ensemble import Ensemble, check_weights, combine_predictions, vote_shares  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402

@@ -1,7 +1,6 @@
 """The executor side of predict(df): batches grouped, whole batches predicted (no Spark)."""
 
 import numpy as np
-import pytest
 
 from elephant.inference import _grouped, padded_predict
 
@@ -15,7 +14,8 @@ def test_arrow_batches_are_grouped_in_order_up_to_the_row_count():
 
 
 def test_padded_predict_equals_predict_and_keeps_one_batch_shape():
-    keras = pytest.importorskip("keras")
+    import keras
+
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     x = np.random.default_rng(0).normal(size=(11, 3)).astype(np.float32)

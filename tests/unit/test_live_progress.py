@@ -3,11 +3,8 @@
 import threading
 import time
 
-import pytest
 
-pytest.importorskip("keras")
-
-from elephant.fit.progress import LiveProgress  # noqa: E402
+from elephant.fit.progress import LiveProgress
 
 
 class _Store:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import math
 
+import keras
 import numpy as np
 import pytest
 
 from elephant.errors import ConfigError
 from elephant.optimizers import Commit, get
 from elephant.optimizers.local import adapts_step_size
-
-keras = pytest.importorskip("keras")
 
 RULES = ["agn", "adag", "dynsgd"]
 

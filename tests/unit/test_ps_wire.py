@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-stnp = pytest.importorskip("safetensors.numpy")
-safe_open = pytest.importorskip("safetensors").safe_open
+import safetensors.numpy as stnp
+from safetensors import safe_open
 
 from elephant.errors import ProtocolError  # noqa: E402
 from elephant.optimizers.base import Commit, Reply
@@ -43,7 +43,7 @@ def test_round_trip_keeps_values_shapes_dtypes_and_meta():
     tensors, got_meta = wire.decode(wire.encode(TENSORS, meta).tobytes())
     assert got_meta == meta
     assert len(tensors) == len(TENSORS)
-    for sent, received in zip(TENSORS, tensors):
+    for sent, received in zip(TENSORS, tensors, strict=True):
         assert received.dtype == sent.dtype
         assert received.shape == sent.shape
         np.testing.assert_array_equal(received, sent)
@@ -110,7 +110,7 @@ def test_we_read_the_safetensors_library_output():
     named = {f"{i:04d}": t for i, t in enumerate(TENSORS)}
     tensors, got_meta = wire.decode(stnp.save(named, metadata={"elephant": json.dumps(meta)}), checksum=False)
     assert got_meta == meta
-    for sent, received in zip(TENSORS, tensors):
+    for sent, received in zip(TENSORS, tensors, strict=True):
         np.testing.assert_array_equal(received, sent)
         assert received.dtype == sent.dtype and received.shape == sent.shape
 
@@ -245,7 +245,7 @@ def test_reply_round_trip_keeps_none_and_empty_extras_apart(extra):
         assert got.tensors is None
     else:
         assert len(got.tensors) == len(extra)
-        for a, b in zip(got.tensors, extra):
+        for a, b in zip(got.tensors, extra, strict=True):
             np.testing.assert_array_equal(a, b)
 
 

@@ -9,10 +9,8 @@ no input takes long. ``benchmarks/fuzz_wire.py`` runs the same properties for mi
 import time
 
 import numpy as np
-import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from elephant.errors import ProtocolError  # noqa: E402
 from elephant.optimizers.base import Commit  # noqa: E402
@@ -64,7 +62,7 @@ def test_every_valid_commit_round_trips(message):
     got_key, got_attempt, got = wire.decode_commit(wire.encode_commit(key, attempt, commit).tobytes(), commit.tensors)
     assert (got_key, got_attempt) == (key, attempt)
     assert (got.num_steps, got.num_samples, got.base_clock) == (commit.num_steps, commit.num_samples, commit.base_clock)
-    for a, b in zip(commit.tensors, got.tensors):
+    for a, b in zip(commit.tensors, got.tensors, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 

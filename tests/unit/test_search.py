@@ -9,10 +9,8 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("hyperopt")
-
-from elephant import optimizers as O  # noqa: E402
-from elephant import search as S  # noqa: E402
+from elephant import optimizers as O
+from elephant import search as S
 from elephant.errors import ConfigError
 from elephant.search import SearchResult, Trial, hp, minimize, run_search
 

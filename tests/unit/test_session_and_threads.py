@@ -6,22 +6,11 @@ import sys
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
-
-from elephant import session  # noqa: E402
-
-from .helpers import RecordingBuilder  # noqa: E402
+from elephant import session
 
 
-def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(monkeypatch):
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    builder = RecordingBuilder()
-    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
-    monkeypatch.setattr(SparkSession, "builder", builder)
-    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+def test_with_no_active_session_an_embedded_local_one_is_built_on_loopback(no_session, monkeypatch):
+    builder = no_session
     # nothing configured: no JVM is started, and a master left by earlier sessions of this process
     # (the integration tests run first in the full suite) does not leak in
     monkeypatch.setattr(session, "launch_conf", lambda: {})
@@ -72,7 +61,6 @@ def test_task_slots_divide_parallelism_by_cpus_per_task():
 
 
 def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():
-    pytest.importorskip("tensorflow")
     code = (
         "from elephant.replicas import limit_threads\n"
         "limit_threads(1)\n"

@@ -5,11 +5,7 @@ import sys
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
-
-from elephant import session  # noqa: E402
-
-from .helpers import RecordingBuilder  # noqa: E402
+from elephant import session
 
 SUBMITTED = {"PYSPARK_GATEWAY_PORT": "40000"}  # the driver runs under spark-submit
 PLAIN = {}  # plain python: PySpark starts the JVM as "spark-submit pyspark-shell"
@@ -63,19 +59,6 @@ def test_settings_the_user_configured_are_kept():
     assert "spark.master" not in settings  # local[4] stays, from the conf
     assert not {"spark.driver.host", "spark.log.level", "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL"} & set(settings)
     assert settings["spark.driver.bindAddress"] == "127.0.0.1"
-
-
-@pytest.fixture
-def no_session(monkeypatch):
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    builder = RecordingBuilder()
-    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
-    monkeypatch.setattr(SparkSession, "builder", builder)
-    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
-    return builder
 
 
 def test_spark_submit_master_is_not_overridden(no_session, monkeypatch):

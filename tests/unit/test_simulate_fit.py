@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
 from elephant.errors import ConfigError
-
-keras = pytest.importorskip("keras")
-
-from elephant.optimizers import DelayedNesterov, ModelAveraging, simulate_fit  # noqa: E402
+from elephant.optimizers import DelayedNesterov, ModelAveraging, simulate_fit
 
 
 def model(seed=0):

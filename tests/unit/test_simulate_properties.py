@@ -8,14 +8,12 @@ commits arrive.
 """
 
 import numpy as np
-import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st
 
-from elephant import optimizers as O  # noqa: E402
-from elephant.optimizers import simulate  # noqa: E402
-from elephant.optimizers.steps import quadratic  # noqa: E402
+from elephant import optimizers as O
+from elephant.optimizers import simulate
+from elephant.optimizers.steps import quadratic
 
 LR = 0.1
 INIT = [np.array([0.5, -1.0]), np.array([[2.0]])]
@@ -24,7 +22,7 @@ SETTINGS = settings(max_examples=40, deadline=None)
 
 
 def _close(a, b):
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
 
 
@@ -51,7 +49,7 @@ def asynchronous_schedules(draw, max_workers=4, max_steps=4):
 def _sequential_sgd(total_steps):
     w = [a.copy() for a in INIT]
     for _ in range(total_steps):
-        w = [a - LR * g for a, g in zip(w, GRAD(w))]
+        w = [a - LR * g for a, g in zip(w, GRAD(w), strict=True)]
     return w
 
 
@@ -103,5 +101,5 @@ def test_a_synchronous_round_does_not_depend_on_commit_order(case):
     for rule in (O.ModelAveraging(), O.EASGD()):
         a = simulate(rule, INIT, GRAD, ordered, mode="synchronous", num_samples=[8, 16, 24, 32][:n], local_lr=LR)
         b = simulate(rule, INIT, GRAD, shuffled, mode="synchronous", num_samples=[8, 16, 24, 32][:n], local_lr=LR)
-        for x, y in zip(a.center, b.center):
+        for x, y in zip(a.center, b.center, strict=True):
             np.testing.assert_array_equal(x, y)

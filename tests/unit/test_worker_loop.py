@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402
 
 from elephant import optimizers as O  # noqa: E402
 from elephant import replicas, worker  # noqa: E402
@@ -71,7 +71,7 @@ def test_single_worker_downpour_equals_local_training(linear_data):
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-b")
     worker.run_partition(_spec(model_bytes, "run-b", window=2), 0, 1, [linear_data], RecordingClient(store))
     local = replicas.training_model(_spec(model_bytes, "run-b", window=2))
-    for c, w in zip(store.center(), local.get_weights()):
+    for c, w in zip(store.center(), local.get_weights(), strict=True):
         np.testing.assert_allclose(c, w, rtol=1e-6, atol=1e-7)
     assert not np.allclose(store.center()[0], model.get_weights()[0])  # it did train
 
@@ -217,7 +217,7 @@ def test_the_worker_pass_equals_keras_fit(linear_data):
     (stats,) = worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
     mine = replicas.training_model(spec)
     assert mine is not reference
-    for a, b in zip(mine.get_weights(), reference.get_weights()):
+    for a, b in zip(mine.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert int(mine.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy()) == 4
     assert stats["logs"]["loss"] == pytest.approx(fitted.history["loss"][0], rel=1e-5)
@@ -295,7 +295,7 @@ def test_a_weighted_pass_equals_keras_fit_with_sample_weight(linear_data):
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-weighted")
     spec = dataclasses.replace(_spec(model_bytes, "run-weighted", window=None), shuffle=False)
     (stats,) = worker.run_partition(spec, 0, 1, [(x, y, w)], RecordingClient(store))
-    for a, b in zip(replicas.training_model(spec).get_weights(), reference.get_weights()):
+    for a, b in zip(replicas.training_model(spec).get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     for key in ("loss", "mae", "weighted_mae"):
         assert stats["logs"][key] == pytest.approx(fitted.history[key][0], rel=1e-5), key
@@ -333,7 +333,7 @@ def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
         return store.center()
 
     first, retry, next_epoch = centers(0, 1), centers(0, 2), centers(1, 3)
-    for a, b in zip(first, retry):
+    for a, b in zip(first, retry, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert any((a != b).any() for a, b in zip(first, next_epoch))  # another epoch, another order
+    assert any((a != b).any() for a, b in zip(first, next_epoch, strict=True))  # another epoch, another order
     assert worker.shuffle_seed("r", 0, 1) != worker.shuffle_seed("r", 0, 0) != worker.shuffle_seed("r", 1, 0)

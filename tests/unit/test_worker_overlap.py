@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402
 
 from elephant import optimizers as O  # noqa: E402
 from elephant import replicas, worker  # noqa: E402
