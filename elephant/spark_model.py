@@ -131,11 +131,7 @@ class SparkModel:
         self.custom_objects = dict(custom_objects or {})
         self._spark = spark
         self.job_group: str | None = None  # the running or last fit's Spark job group
-        self.last_report: FitReport | None = None  # what the last fit reported (the fields below come from it)
-        self.last_metrics: dict[str, Any] | None = None  # the PS's /metrics at the end of the last fit
-        self.fit_plan: dict[str, Any] | None = None  # workers, batch per worker and window of the last fit
-        self.last_ledger: list | None = None  # applied (key, attempt) pairs of the last fit, in order
-        self.ps_url: str | None = None  # address of the last fit's parameter server
+        self.last_report: FitReport | None = None  # the running or last fit's report, filled in as it goes
         self._warm_up = WarmUp.start(spark, self.num_workers)  # Python workers start while the user prepares data
 
     def __getattr__(self, name: str) -> Any:
@@ -233,15 +229,30 @@ class SparkModel:
 
         refuse_unsupported("fit", steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
         args = FitArgs.of(locals())  # the arguments named as FitArgs' fields
-        report = FitReport()
+        self.last_report = report = FitReport()  # read live by the properties below, during the fit too
         self.job_group = report.job_group
-        try:
-            return run_fit(self.model, self.settings, args, x, y, spark=self._fit_spark, given_spark=self._spark,
-                           custom_objects=self.custom_objects, report=report)
-        finally:
-            self.last_report = report
-            self.last_metrics, self.last_ledger = report.metrics, report.ledger
-            self.fit_plan, self.ps_url = report.plan, report.ps_url
+        return run_fit(self.model, self.settings, args, x, y, spark=self._fit_spark, given_spark=self._spark,
+                       custom_objects=self.custom_objects, report=report)
+
+    @property
+    def fit_plan(self) -> dict[str, Any] | None:
+        """Workers, global and per-worker batch, window, the rule's config and ``overlap`` of the last fit."""
+        return None if self.last_report is None else self.last_report.plan
+
+    @property
+    def ps_url(self) -> str | None:
+        """The address of the last fit's parameter server (None: not started, or hosted under Spark Connect)."""
+        return None if self.last_report is None else self.last_report.ps_url
+
+    @property
+    def last_metrics(self) -> dict[str, Any] | None:
+        """The parameter server's ``/metrics`` at the end of the last fit (None while a fit runs)."""
+        return None if self.last_report is None else self.last_report.metrics
+
+    @property
+    def last_ledger(self) -> list | None:
+        """The applied ``(commit key, attempt)`` pairs of the last fit, in order (None while a fit runs)."""
+        return None if self.last_report is None else self.last_report.ledger
 
     def _fit_spark(self):
         """The session a classic fit runs in (a function: a Connect fit never makes one)."""
