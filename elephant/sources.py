@@ -7,7 +7,7 @@ labels in ``y``), an RDD (of ``(features, label[, weight])`` records or
 kind once; the kind then refuses the arguments that do not apply to it
 (:meth:`Source.refuse`), checks what it can before Spark starts
 (:meth:`Source.checked_weights`), and turns itself into an RDD of numpy
-blocks (:meth:`Source.labeled_blocks`, :meth:`Source.training_blocks`), the one
+blocks (:meth:`Source.labeled_blocks`, :meth:`Source.training`), the one
 shape the workers and the evaluation tasks read.
 
 Adding a kind (pandas, say) is one class here and its tests.
