@@ -18,6 +18,24 @@ SPARK_ENV = {
 }
 
 
+#: Warnings of PySpark 3.5 itself (the oldest supported line; .ci/run's second pass), ignored there only:
+#: its pandas version check uses distutils' LooseVersion, and the socket each collect() reads from is
+#: left for the garbage collector to close (PySpark 4 closes it). On PySpark 4 both stay errors, so an
+#: unclosed socket of elephant's own still fails a test.
+PYSPARK_35_WARNINGS = (
+    "ignore:distutils Version classes are deprecated:DeprecationWarning",
+    r"ignore:Exception ignored in. <socket\.socket:pytest.PytestUnraisableExceptionWarning",
+)
+
+
+def pytest_configure(config):
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        for line in PYSPARK_35_WARNINGS:
+            config.addinivalue_line("filterwarnings", line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def spark_environment():
     """Set the Spark variables the user has not set for the run, and restore the environment after it."""
