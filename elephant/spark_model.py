@@ -43,6 +43,11 @@ def _check_model(model: Any) -> None:
         )
 
 
+def _reported(field: str, doc: str) -> property:
+    """A read-only attribute of the running or last fit's :class:`FitReport` (None before the first fit)."""
+    return property(lambda self: None if self.last_report is None else getattr(self.last_report, field), doc=doc)
+
+
 class SparkModel:
     """Train a compiled Keras model data-parallel on Spark.
 
@@ -234,25 +239,14 @@ class SparkModel:
         return run_fit(self.model, self.settings, args, x, y, spark=self._fit_spark, given_spark=self._spark,
                        custom_objects=self.custom_objects, report=report)
 
-    @property
-    def fit_plan(self) -> dict[str, Any] | None:
-        """Workers, global and per-worker batch, window, the rule's config and ``overlap`` of the last fit."""
-        return None if self.last_report is None else self.last_report.plan
-
-    @property
-    def ps_url(self) -> str | None:
-        """The address of the last fit's parameter server (None: not started, or hosted under Spark Connect)."""
-        return None if self.last_report is None else self.last_report.ps_url
-
-    @property
-    def last_metrics(self) -> dict[str, Any] | None:
-        """The parameter server's ``/metrics`` at the end of the last fit (None while a fit runs)."""
-        return None if self.last_report is None else self.last_report.metrics
-
-    @property
-    def last_ledger(self) -> list | None:
-        """The applied ``(commit key, attempt)`` pairs of the last fit, in order (None while a fit runs)."""
-        return None if self.last_report is None else self.last_report.ledger
+    fit_plan = _reported("plan", "Workers, global and per-worker batch, window, the rule's config and "
+                                 "``overlap`` of the last fit.")
+    ps_url = _reported("ps_url", "The address of the last fit's parameter server (None: not started, or hosted "
+                                 "under Spark Connect).")
+    last_metrics = _reported("metrics", "The parameter server's ``/metrics`` at the end of the last fit (None while "
+                                        "a fit runs).")
+    last_ledger = _reported("ledger", "The applied ``(commit key, attempt)`` pairs of the last fit, in order (None "
+                                      "while a fit runs).")
 
     def _fit_spark(self):
         """The session a classic fit runs in (a function: a Connect fit never makes one)."""
