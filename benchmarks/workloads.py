@@ -194,9 +194,116 @@ def overlap(data_seed=0, n=6000) -> Workload:
     return Workload("overlap-tabular", x, y, xt, yt, build, "accuracy", True, 12, 128, "SGD(0.01, momentum=0.9)")
 
 
+def _teacher_labels(x, classes, rng, hidden=64, noise=0.05):
+    """Labels from a random two-layer teacher network (argmax of its logits), ``noise`` of them flipped."""
+    w1 = rng.normal(0, 1 / np.sqrt(x.shape[1]), (x.shape[1], hidden)).astype("float32")
+    w2 = rng.normal(0, 1 / np.sqrt(hidden), (hidden, classes)).astype("float32")
+    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1)
+    flip = rng.random(len(y)) < noise
+    y[flip] = rng.integers(0, classes, size=int(flip.sum()))
+    return y
+
+
+def wide_mlp(data_seed=0, n=100_000, features=128, width=1024, name="teacher-mlp-5mb") -> Workload:
+    """10 classes drawn by a random teacher network over ``features`` Gaussian inputs (5 % label
+    noise), ``n`` samples; a wide MLP (``features``-``width``-``width``-10: 1.2M parameters, 4.8 MB
+    at the defaults), ``Adam(1e-3)``, batch 64, 2 epochs: a megabyte model over big data."""
+    rng = np.random.default_rng(500 + data_seed)
+    x = rng.normal(0, 1, (n, features)).astype("float32")
+    y = _teacher_labels(x, 10, rng)
+    x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
+
+    def build(seed):
+        import keras
+
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([
+            keras.Input((features,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ])
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    return Workload(name, x, y, xt, yt, build, "accuracy", True, 2, 64, "Adam(1e-3)")
+
+
+def wide_mlp_xl(data_seed=0) -> Workload:
+    """As :func:`wide_mlp` with 256 features and two layers of 2048 (4.7M parameters, 19 MB), 60 000 samples."""
+    return wide_mlp(data_seed, n=60_000, features=256, width=2048, name="teacher-mlp-19mb")
+
+
+def textures(data_seed=0, n=40_000, size=16) -> Workload:
+    """Generated 16x16 two-channel textures in 8 classes (orientation and frequency of a grating, under
+    noise and random phase); a Conv2D net with a dense head (1.1M parameters, 4.4 MB), ``RMSprop(1e-3)``,
+    batch 64, 2 epochs."""
+    rng = np.random.default_rng(600 + data_seed)
+    y = rng.integers(0, 8, size=n)
+    angle = (y % 4) * np.pi / 4 + rng.normal(0, 0.25, n)
+    freq = np.where(y < 4, 0.7, 1.0) + rng.normal(0, 0.1, n)
+    r, c = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    proj = np.cos(angle)[:, None, None] * r[None] + np.sin(angle)[:, None, None] * c[None]
+    phase = rng.uniform(0, 2 * np.pi, n)[:, None, None]
+    grating = np.sin(freq[:, None, None] * proj + phase)
+    x = np.stack([grating, np.cos(freq[:, None, None] * proj + phase)], axis=-1)
+    x = (x * rng.uniform(0.1, 0.5, n)[:, None, None, None] + rng.normal(0, 1.0, x.shape)).astype("float32")
+    x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
+
+    def build(seed):
+        import keras
+
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([
+            keras.Input((size, size, 2)),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(8, activation="softmax"),
+        ])
+        model.compile(keras.optimizers.RMSprop(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    return Workload("textures-conv2d", x, y, xt, yt, build, "accuracy", True, 2, 64, "RMSprop(1e-3)")
+
+
+def sequences(data_seed=0, n=30_000, length=24, features=8) -> Workload:
+    """Generated sequences in 6 classes (which two of the input channels carry a delayed echo of each
+    other, and at which lag) under noise; a GRU(320) (1.8 MB), ``Adam(1e-3)``, batch 64, 2 epochs."""
+    rng = np.random.default_rng(700 + data_seed)
+    y = rng.integers(0, 6, size=n)
+    x = rng.normal(0, 1, (n, length, features)).astype("float32")
+    source, lag = y % 3, 1 + y // 3 * 2
+    for i in range(n):
+        x[i, lag[i]:, source[i] + 3] += 0.9 * x[i, : length - lag[i], source[i]]
+    x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
+
+    def build(seed):
+        import keras
+
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([
+            keras.Input((length, features)),
+            keras.layers.GRU(320),
+            keras.layers.Dense(6, activation="softmax"),
+        ])
+        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    return Workload("sequences-gru", x, y, xt, yt, build, "accuracy", True, 2, 64, "Adam(1e-3)")
+
+
 _BUILDERS = {"digits-mlp": digits, "signals-conv1d": signals, "shapes-conv2d": shapes,
-             "friedman-regression": friedman, "overlap-tabular": overlap}
+             "friedman-regression": friedman, "overlap-tabular": overlap,
+             "teacher-mlp-5mb": wide_mlp, "teacher-mlp-19mb": wide_mlp_xl, "textures-conv2d": textures,
+             "sequences-gru": sequences}
 NAMES = tuple(_BUILDERS)
+#: The small workloads of the first campaign (kilobyte models, 5-20 epochs over a few thousand samples).
+SMALL = NAMES[:5]
+#: Models of 1-20 MB over 30 000-100 000 samples, trained for 1-3 epochs.
+LARGE = NAMES[5:]
 
 
 def make(name: str, data_seed: int = 0) -> Workload:

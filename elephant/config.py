@@ -125,6 +125,7 @@ class Settings(_Fields):
     epoch_retries: int = 2
     on_failure: str = "rollback"
     norm_guard: float | None = None
+    comm_budget: float = 0.1
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen: validated once)
@@ -153,6 +154,10 @@ class Settings(_Fields):
         if guard is not None and (isinstance(guard, bool) or not isinstance(guard, (int, float))
                                   or not guard > 1 or guard == float("inf")):
             raise ConfigError(f"`norm_guard` must be a number > 1 or None; received norm_guard={guard!r}")
+        budget = self.comm_budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < 1:
+            raise ConfigError(f"`comm_budget` must be a number in (0, 1); received comm_budget={budget!r}")
+        set_("comm_budget", float(budget))
 
     @property
     def window(self) -> int | None:

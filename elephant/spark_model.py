@@ -59,7 +59,10 @@ class SparkModel:
             lock; racy by design).
         frequency: ``"epoch"`` (one commit per partition pass), ``"batch"``
             (every step), a positive int (local steps per commit) or None
-            (default: the optimizer's own window).
+            (default: the optimizer's own window; for the synchronous and
+            asynchronous defaults, decided at the start of each fit from the
+            model's size and the cost of a step and a commit, re-decided from
+            the first epoch's timings, and logged: see ``comm_budget``).
         optimizer: a name, config dict or :class:`elephant.optimizers.DistributedOptimizer`;
             None (default) means model averaging with block momentum in
             synchronous mode, :class:`~elephant.optimizers.DelayedNesterov` in
@@ -107,6 +110,13 @@ class SparkModel:
             malicious update that passed every other check); None (default)
             turns it off. Refused commits are counted in
             ``sm.last_metrics["commits_norm_refused"]``, and fail their task.
+        comm_budget: the share of a worker's time that commits may take when
+            the window is decided from the fit's costs (default 0.1): the
+            window is the fewest local steps whose compute time is at least
+            ``(1 - comm_budget) / comm_budget`` times a commit's, within the
+            bounds accuracy needs (at least the rule's own window, at most 128
+            steps and at least 8 synchronisations per pass over a partition).
+            The decision and its inputs are logged and in ``sm.fit_plan``.
     """
 
     def __init__(
@@ -126,6 +136,7 @@ class SparkModel:
         epoch_retries: int = 2,
         on_failure: str = "rollback",
         norm_guard: float | None = None,
+        comm_budget: float = 0.1,
     ):
         _check_model(model)
         self.model = model

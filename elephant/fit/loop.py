@@ -141,12 +141,24 @@ def follow_learning_rate(local, previous: float | None, store) -> float | None:
 def _start(model, settings: Settings, args: FitArgs, runner) -> FitPlan:
     """Check the cluster, plan the fit and log the plan and its warnings."""
     runner.check_slots()
-    plan = plan_fit(settings, model.optimizer, runner.num_workers, args.batch_size)
+    plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples)
     for warning in plan.warnings(settings.mode) + [batch_hook_warning(args.callbacks)]:
         if warning:
             log.warning(warning)
     log.info(plan.describe())
+    if plan.window_choice is not None:
+        log.info("elephant fit: %s", plan.window_choice.describe())
     return plan
+
+
+def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
+    """The plan for the next epochs: a decided window re-decided from the epoch's timings, logged when it changes."""
+    rechecked = plan.rechecked(results)
+    if rechecked is not plan:
+        report.plan = rechecked.as_dict()
+        if rechecked.window != plan.window:
+            log.info("elephant fit: from the next epoch, %s", rechecked.window_choice.describe())
+    return rechecked
 
 
 def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, report: FitReport):
@@ -199,6 +211,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             finally:
                 progress.stop()
             logs = aggregate_logs(results)
+            plan = _recheck(plan, results, report)
             model.set_weights(store.center())
             if val is not None and validates_after(epoch, args.validation_freq):
                 val_logs = model.evaluate(

@@ -8,12 +8,139 @@ functions, so a fit on Spark and its simulation train the same plan.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elephant.config import Settings
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 
-__all__ = ["FitPlan", "decide_workers", "overlap_warning", "plan_fit"]
+__all__ = ["COSTS", "FitPlan", "WindowChoice", "decide_window", "decide_workers", "estimate_commit_ms",
+           "estimate_step_ms", "measured_costs", "overlap_warning", "plan_fit"]
+
+#: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
+#: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
+#: 1.5 ms + 1.8 ms per MB); a fit's commit also copies the weights out of and into the model, runs the
+#: rule on the server and, on a machine whose cores the server shares with the workers, waits for it:
+#: the prior doubles the measured slope. A local step costs a fixed ~1 ms of dispatch plus its
+#: arithmetic, about 6 floating-point operations per parameter and sample (forward and backward) at
+#: ~20 GFLOP/s per core; convolutions and recurrent layers do more per parameter, so the prior
+#: underestimates their steps and the first epoch's timings correct it.
+COSTS = {"commit_fixed_ms": 2.0, "commit_ms_per_mb": 4.0, "step_fixed_ms": 1.0, "flops_per_ms_per_core": 2.0e7}
+#: Accuracy's bounds on a decided window (benchmarks/convergence.py, docs/convergence.md): at least this
+#: many synchronisations per partition pass, and never windows longer than ``MAX_WINDOW`` steps.
+MIN_SYNCS_PER_PASS = 8
+MAX_WINDOW = 128
+
+
+def estimate_step_ms(params: int, batch_size: int, cores: int = 1) -> float:
+    """A local step's prior cost in ms for a model of ``params`` parameters at ``batch_size`` samples."""
+    flops = 6.0 * params * batch_size
+    return COSTS["step_fixed_ms"] + flops / (COSTS["flops_per_ms_per_core"] * max(cores, 1))
+
+
+def estimate_commit_ms(model_bytes: int) -> float:
+    """A commit's prior cost in ms (round trip, weight copies and the server's rule) for ``model_bytes``."""
+    return COSTS["commit_fixed_ms"] + COSTS["commit_ms_per_mb"] * model_bytes / 2**20
+
+
+def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: int, budget: float, *,
+                  per_pass: bool = False, min_syncs: int = MIN_SYNCS_PER_PASS,
+                  max_window: int = MAX_WINDOW) -> int | None:
+    """Local steps per commit so that committing costs at most ``budget`` of a worker's time, within accuracy's bounds.
+
+    The window is the fewest steps whose compute time is at least
+    ``(1 - budget) / budget`` times ``commit_ms``,
+    at least ``floor`` (the rule's own window, which the small workloads were
+    measured at) and at most ``steps_per_pass / min_syncs`` and ``max_window``
+    (fewer synchronisations lose accuracy), but never below ``floor``: when the two
+    disagree, accuracy wins and the fit spends more than ``budget`` on commits.
+    With ``per_pass`` (a rule whose default is one commit per pass) the answer is
+    None, one commit per pass, when the window would cover half a pass or more.
+    """
+    needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
+    cap = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
+    window = int(min(max(floor, needed), cap))
+    if per_pass and 2 * window > steps_per_pass:
+        return None
+    return window
+
+
+def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """``(step_ms, commit_ms)`` from an epoch's partition stats (medians over the partitions), or None.
+
+    A partition's compute time is its seconds less set-up and time blocked on the
+    parameter server; its commit time, that blocked time per commit (for a
+    synchronous round it includes the wait for the round, which is part of what a
+    commit costs the worker).
+    """
+    steps, commits = [], []
+    for row in stats:
+        n, k = row.get("steps") or 0, row.get("commits") or 0
+        if n <= 0 or k <= 0 or "seconds" not in row:
+            continue
+        comm = float(row.get("comm_seconds", 0.0))
+        compute = float(row["seconds"]) - float(row.get("setup_seconds", 0.0)) - comm
+        steps.append(1000.0 * max(compute, 0.0) / n)
+        commits.append(1000.0 * comm / k)
+    if not steps:
+        return None
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return median(steps), median(commits)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowChoice:
+    """How a fit's window was decided, with its inputs (logged, and in ``SparkModel.fit_plan``).
+
+    Attributes:
+        window: the local steps per commit chosen (None: one commit per pass).
+        floor: the least window the decision gives (the rule's ``window_from_costs``).
+        per_pass: whether the rule's default is one commit per pass, kept on short passes.
+        model_bytes: the bytes of the model's weights (what each commit moves each way).
+        step_ms, commit_ms: a local step's and a commit's cost in ms, estimated
+            from the model's size (``measured`` False) or measured in an epoch.
+        steps_per_pass: local steps in a worker's pass over its partition.
+        budget: the share of a worker's time commits may take (``SparkModel(comm_budget=)``).
+        measured: whether the costs come from a finished epoch's timings.
+    """
+
+    window: int | None
+    floor: int
+    per_pass: bool
+    model_bytes: int
+    step_ms: float
+    commit_ms: float
+    steps_per_pass: int
+    budget: float
+    measured: bool
+
+    @classmethod
+    def decide(cls, *, floor: int, per_pass: bool, model_bytes: int, step_ms: float, commit_ms: float,
+               steps_per_pass: int, budget: float, measured: bool) -> WindowChoice:
+        window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass)
+        return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured)
+
+    def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
+        """The decision from measured costs."""
+        return self.decide(floor=self.floor, per_pass=self.per_pass, model_bytes=self.model_bytes, step_ms=step_ms,
+                           commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
+                           measured=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        how = "measured in the last epoch" if self.measured else "estimated from the model's size"
+        steps = self.steps_per_pass if self.window is None else self.window
+        share = self.commit_ms / (self.commit_ms + steps * self.step_ms)
+        chosen = "one commit per pass" if self.window is None else f"window={self.window} steps"
+        cap = max(self.floor, min(MAX_WINDOW, self.steps_per_pass // MIN_SYNCS_PER_PASS))
+        return (f"{chosen}, decided from {self.model_bytes / 2**20:.2f} MB of weights, "
+                f"{self.step_ms:.2f} ms per local step and {self.commit_ms:.2f} ms per commit ({how}) and "
+                f"{self.steps_per_pass} steps per pass: commits take ~{100 * share:.0f}% of a worker's time "
+                f"(comm_budget={self.budget:g}; windows of {self.floor} to {cap} steps, so that a pass keeps "
+                f"{MIN_SYNCS_PER_PASS} synchronisations where it can; frequency= fixes the window)")
 
 
 def decide_workers(requested: int | None, available: int | None, samples: int | None = None) -> int | None:
@@ -63,6 +190,8 @@ class FitPlan:
         window: local steps per commit (None: one commit per partition pass).
         overlap: whether workers train on while a commit is in flight.
         rule: the distributed optimizer made for this fit (``for_fit``).
+        window_choice: how ``window`` was decided from the model's and the fit's
+            costs, or None when ``frequency`` or the rule fixed it.
     """
 
     num_workers: int
@@ -72,12 +201,23 @@ class FitPlan:
     splits_batch: bool
     overlap: bool
     rule: DistributedOptimizer
+    window_choice: WindowChoice | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as ``SparkModel.fit_plan`` shows it."""
         return {"num_workers": self.num_workers, "batch_size": self.batch_size,
                 "worker_batch_size": self.worker_batch_size, "window": self.window,
-                "optimizer": self.rule.get_config(), "overlap": self.overlap}
+                "optimizer": self.rule.get_config(), "overlap": self.overlap,
+                "window_choice": None if self.window_choice is None else self.window_choice.as_dict()}
+
+    def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
+        """This plan with its decided window re-decided from an epoch's measured costs (else unchanged)."""
+        choice = self.window_choice
+        costs = None if choice is None or choice.measured else measured_costs(stats)
+        if costs is None:
+            return self
+        choice = choice.again(*costs)
+        return dataclasses.replace(self, window=choice.window, window_choice=choice)
 
     def warnings(self, mode: str) -> list[str]:
         """The fit-start warnings for settings measured to train worse (the rule's and ``overlap``'s)."""
@@ -98,11 +238,39 @@ class FitPlan:
                 f"window={self.window}; {batches}; {flights}")
 
 
-def plan_fit(settings: Settings, local_optimizer: Any, num_workers: int, batch_size: int) -> FitPlan:
-    """The plan of a fit of ``num_workers`` workers with ``settings``, for a model compiled with ``local_optimizer``."""
+def model_size(model) -> tuple[int, int]:
+    """``(parameters, bytes)`` of a Keras model's weights."""
+    import numpy as np
+
+    params = nbytes = 0
+    for variable in model.weights:
+        count = int(np.prod(variable.shape))
+        params += count
+        nbytes += count * np.dtype(variable.dtype).itemsize
+    return params, nbytes
+
+
+def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, samples: int | None = None,
+             cores: int = 1) -> FitPlan:
+    """The plan of a fit of ``num_workers`` workers with ``settings`` for the compiled Keras ``model``.
+
+    ``samples`` (the training samples, None: unknown) and ``cores`` (per task)
+    feed the window decision of a rule that adapts its window
+    (``DistributedOptimizer.adapts_window``) when ``frequency`` is not given.
+    """
     window, split = settings.window, settings.splits_batch
+    per_worker = worker_batch_size(batch_size, num_workers, split)
+    choice = None
+    if settings.frequency is None and settings.optimizer.adapts_window and samples:
+        params, nbytes = model_size(model)
+        steps_per_pass = max(1, -(-(-(-samples // num_workers)) // per_worker))
+        choice = WindowChoice.decide(
+            floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=estimate_step_ms(params, per_worker, cores),
+            commit_ms=estimate_commit_ms(nbytes), steps_per_pass=steps_per_pass, budget=settings.comm_budget,
+            measured=False)
+        window = choice.window
     return FitPlan(
-        num_workers=num_workers, batch_size=batch_size,
-        worker_batch_size=worker_batch_size(batch_size, num_workers, split), window=window, splits_batch=split,
-        overlap=settings.overlap, rule=settings.optimizer.for_fit(local_optimizer, num_workers, split, window),
+        num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
+        splits_batch=split, overlap=settings.overlap,
+        rule=settings.optimizer.for_fit(model.optimizer, num_workers, split, window), window_choice=choice,
     )

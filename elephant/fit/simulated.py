@@ -107,6 +107,7 @@ def simulate_fit(
     custom_objects=None,
     batch_split: bool | None = None,
     overlap: bool = False,
+    comm_budget: float = 0.1,
 ) -> FitTrace:
     """Play ``SparkModel(model, mode, frequency, optimizer, num_workers, seed=seed).fit(x, y, ...)`` in-process.
 
@@ -122,8 +123,10 @@ def simulate_fit(
         validation_data: ``(x_val, y_val)``; the center is evaluated on it after
             every epoch and the results go to ``history`` as ``val_*``.
         step_times: time per local step for each worker (default: all equal).
-        custom_objects, batch_split, overlap: as in ``SparkModel``; with
-            ``overlap`` each reply is merged after the worker's next local step.
+        custom_objects, batch_split, overlap, comm_budget: as in ``SparkModel``;
+            with ``overlap`` each reply is merged after the worker's next local
+            step. A window decided from the fit's costs is decided from their
+            estimates (a Spark fit re-decides it from its first epoch's timings).
 
     Returns:
         A :class:`FitTrace`.
@@ -134,12 +137,12 @@ def simulate_fit(
     from elephant.model_io import model_from_bytes, model_to_bytes
 
     settings = Settings(mode=mode, frequency=frequency, optimizer=optimizer, seed=seed, batch_split=batch_split,
-                        overlap=overlap)
+                        overlap=overlap, comm_budget=comm_budget)
     epochs = check_positive_int("epochs", epochs)
     batch_size = check_positive_int("batch_size", batch_size)
     num_workers = check_positive_int("num_workers", num_workers)
     D.check_xy(x, y)
-    plan = plan_fit(settings, model.optimizer, num_workers, batch_size)
+    plan = plan_fit(settings, model, num_workers, batch_size, D.num_samples(x))
     opt, window = plan.rule, plan.window
     global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
@@ -163,6 +166,7 @@ def simulate_fit(
     trace = simulate(
         opt, model.get_weights(), replicas, schedule, mode=mode, num_workers=num_workers,
         local_step=_keras_step, num_samples=[batch_size] * num_workers, on_blocked="defer", overlap=overlap,
+        keep_centers={i - 1 for i in epoch_ends},  # one model copy per epoch, not per commit
     )
 
     centers = [trace.centers[i - 1] if i else model.get_weights() for i in epoch_ends]

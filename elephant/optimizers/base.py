@@ -169,6 +169,13 @@ class DistributedOptimizer:
     #: keeps one accumulator per round instead of every partition's commit until the
     #: round closes, so its memory is about one model, not one per partition.
     streams_rounds: ClassVar[bool] = False
+    #: For a rule whose window ``SparkModel`` decides at fit start from the model's size
+    #: and the costs of a step and a commit (``docs/convergence.md``, "big models, big
+    #: data, many workers") when the rule runs at its default window and no
+    #: ``frequency`` is given: the least window the decision gives. None: the rule
+    #: keeps its window. A rule whose default is one commit per pass keeps that on
+    #: passes shorter than two such windows.
+    window_from_costs: ClassVar[int | None] = None
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:
@@ -282,6 +289,11 @@ class DistributedOptimizer:
                 "asynchronous default (optimizer=None: DelayedNesterov, one commit per pass) or train more epochs."
             )
         return None
+
+    @property
+    def adapts_window(self) -> bool:
+        """Whether a fit decides this rule's window from its costs (see :attr:`window_from_costs`)."""
+        return self.window_from_costs is not None and self.window == self.default_window
 
     def for_fit(self, local: Any, num_workers: int, batch_split: bool, window: int | None) -> DistributedOptimizer:
         """This rule as it will run in one fit: settings left to "auto" resolved.

@@ -59,6 +59,7 @@ class DelayedNesterov(DistributedOptimizer):
     aliases = ("delayed_nesterov",)
     modes = ("asynchronous",)
     default_window = None
+    window_from_costs = 32
     splits_batch = True
 
     def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, staleness_bound=None):

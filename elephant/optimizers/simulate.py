@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import numpy as np
@@ -143,7 +143,8 @@ class Trace:
     """What :func:`simulate` returns.
 
     Attributes:
-        centers: the center after every commit (asynchronous) or round (synchronous).
+        centers: the center after every commit (asynchronous) or round (synchronous);
+            None in the places ``keep_centers`` left out.
         clocks: the server clock after each of them.
         applied: every commit in the order applied (one per worker in a round).
         center: the final center; ``clock`` the final server clock.
@@ -169,8 +170,10 @@ class Trace:
 
 # ------------------------------------------------------------------ the simulator
 class _Simulation:
-    def __init__(self, optimizer, init, grad_fns, num_workers, mode, local_step, samples, overlap=False):
+    def __init__(self, optimizer, init, grad_fns, num_workers, mode, local_step, samples, overlap=False,
+                 keep_centers=None):
         self.opt = optimizer
+        self.keep_centers = keep_centers
         self.overlap = overlap
         self.template = init
         self.grad_fns = grad_fns
@@ -312,7 +315,8 @@ class _Simulation:
             self.applied.append(Applied(k, self.clock, c.base_clock, tau, c.num_steps, c.num_samples))
         self.center = center
         self.clock += 1
-        self.centers.append(tree_map(np.copy, center))
+        kept = self.keep_centers is None or len(self.centers) in self.keep_centers
+        self.centers.append(tree_map(np.copy, center) if kept else None)
         self.clocks.append(self.clock)
 
     def _reply(self, k: int, tensors: Weights | None) -> None:
@@ -357,6 +361,7 @@ def simulate(
     num_samples: int | Sequence[int] = 1,
     on_blocked: str = "raise",
     overlap: bool = False,
+    keep_centers: Container[int] | None = None,
 ) -> Trace:
     """Play ``schedule`` through ``optimizer``'s worker and server rules; return the trace.
 
@@ -384,6 +389,9 @@ def simulate(
             its reply is merged into the worker only after the worker's next
             local step (or before its next commit, finish or pull), as the rule's
             answer for the sent weights plus the progress made since. Default False.
+        keep_centers: the indices of ``Trace.centers`` whose copy is kept (None,
+            the default: all). The others are None, so that a long simulation of
+            a large model does not hold a copy of it per commit.
 
     Returns:
         The :class:`Trace`.
@@ -424,7 +432,8 @@ def simulate(
         )
     check_overlap(overlap, optimizer, mode)
     step = sgd(local_lr) if local_step is None else local_step
-    sim = _Simulation(optimizer, init, grad_fns, num_workers, mode, step, [int(s) for s in samples], overlap)
+    sim = _Simulation(optimizer, init, grad_fns, num_workers, mode, step, [int(s) for s in samples], overlap,
+                      keep_centers)
 
     deferred: dict[int, deque] = {k: deque() for k in range(num_workers)}
     blocked: list[Blocked] = []

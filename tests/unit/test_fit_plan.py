@@ -6,7 +6,15 @@ import keras
 import pytest
 
 from elephant.config import Settings
-from elephant.fit.plan import decide_workers, plan_fit
+from elephant.errors import ConfigError
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, FitPlan, WindowChoice, decide_window, decide_workers,
+                               estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
+
+
+def _model(width: int = 8, features: int = 4):
+    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(width), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
 
 
 @pytest.mark.parametrize("requested, available, samples, expected", [
@@ -30,16 +38,103 @@ def test_decide_workers(requested, available, samples, expected):
     ({"mode": "asynchronous", "frequency": "epoch"}, 3, 10, {"worker_batch_size": 4, "window": None}),
 ])
 def test_plan_fit(settings, workers, batch, expected):
-    plan = plan_fit(Settings(**settings), keras.optimizers.SGD(0.1), workers, batch)
+    plan = plan_fit(Settings(**settings), _model(), workers, batch)
     assert {k: plan.as_dict()[k] for k in expected} == expected
     assert plan.num_workers == workers and plan.batch_size == batch
     assert plan.rule.get_config() == plan.as_dict()["optimizer"]
 
 
 def test_the_plan_describes_a_split_batch_and_the_overlap():
-    plan = plan_fit(Settings(mode="synchronous", overlap=True), keras.optimizers.SGD(0.1), 4, 32)
+    plan = plan_fit(Settings(mode="synchronous", overlap=True), _model(), 4, 32)
     line = plan.describe()
     assert line.startswith("elephant fit: 4 workers, ")
     assert "batch_size=32 is the global batch: each worker trains batches of 8" in line
     assert "workers train on while a commit is in flight" in line
     assert any("overlap=True in synchronous mode with 4 workers" in w for w in plan.warnings("synchronous"))
+
+
+# ------------------------------------------------------------------ the window decided from the fit's costs
+@pytest.mark.parametrize("floor, step_ms, commit_ms, steps_per_pass, budget, per_pass, expected", [
+    (8, 1.0, 0.5, 5000, 0.1, False, 8),        # a kilobyte model: the rule's own window
+    (8, 12.0, 20.0, 1400, 0.1, False, 15),     # 5 MB: 20 ms * 0.9 / (0.1 * 12 ms) = 15 steps
+    (8, 12.0, 20.0, 1400, 0.2, False, 8),      # a larger budget allows the floor
+    (8, 12.0, 20.0, 1400, 0.05, False, 32),    # a smaller one needs a longer window
+    (8, 45.0, 80.0, 900, 0.1, False, 16),      # 19 MB
+    (8, 1.0, 100.0, 5000, 0.1, False, MAX_WINDOW),  # a slow link: capped at MAX_WINDOW ...
+    (8, 1.0, 100.0, 400, 0.1, False, 400 // MIN_SYNCS_PER_PASS),  # ... and at 8 synchronisations per pass
+    (8, 1.0, 100.0, 40, 0.1, False, 8),        # a short pass: never below the floor, accuracy first
+    (32, 12.0, 20.0, 1400, 0.1, True, 32),     # a per-pass rule on a long pass: windows in steps
+    (32, 12.0, 20.0, 60, 0.1, True, None),     # on a pass shorter than two windows: one commit per pass
+    (32, 2.0, 400.0, 100_000, 0.1, True, MAX_WINDOW),
+])
+def test_decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass, expected):
+    assert decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass) == expected
+
+
+def test_decided_windows_keep_commits_within_the_budget_unless_accuracy_caps_them():
+    for step_ms in (0.5, 2.0, 10.0, 50.0):
+        for commit_ms in (0.5, 5.0, 50.0, 500.0):
+            for budget in (0.05, 0.1, 0.15):
+                window = decide_window(8, step_ms, commit_ms, 100_000, budget)
+                share = commit_ms / (commit_ms + window * step_ms)
+                assert share <= budget + 1e-9 or window == MAX_WINDOW
+                assert window == 8 or commit_ms / (commit_ms + (window - 1) * step_ms) > budget
+
+
+def test_the_priors_grow_with_the_model():
+    assert estimate_commit_ms(2**20) < estimate_commit_ms(20 * 2**20)
+    assert estimate_step_ms(10_000, 32) < estimate_step_ms(1_000_000, 32) < estimate_step_ms(1_000_000, 64)
+    assert estimate_step_ms(1_000_000, 32, cores=2) < estimate_step_ms(1_000_000, 32)
+
+
+def test_measured_costs_are_the_partitions_medians():
+    stats = [
+        {"steps": 100, "commits": 10, "seconds": 2.5, "setup_seconds": 0.5, "comm_seconds": 1.0},  # 10 ms, 100 ms
+        {"steps": 100, "commits": 10, "seconds": 1.6, "setup_seconds": 0.1, "comm_seconds": 0.5},  # 10 ms, 50 ms
+        {"steps": 100, "commits": 10, "seconds": 3.0, "setup_seconds": 0.0, "comm_seconds": 1.0},  # 20 ms, 100 ms
+        {"partition": 3, "samples": 0, "steps": 0, "commits": 0},  # an empty partition says nothing
+    ]
+    assert measured_costs(stats) == pytest.approx((10.0, 100.0))
+    assert measured_costs([{"steps": 0, "commits": 0}]) is None
+
+
+def test_the_defaults_decide_their_window_and_frequency_wins():
+    big = _model(width=512, features=256)  # 0.13M parameters
+    plan = plan_fit(Settings(mode="synchronous"), big, 2, 64, samples=200_000)
+    assert plan.window_choice is not None and plan.window == plan.window_choice.window
+    assert plan.as_dict()["window_choice"]["steps_per_pass"] == 200_000 // 2 // 32
+    line = plan.window_choice.describe()
+    assert f"window={plan.window} steps" in line and "MB of weights" in line and "estimated" in line
+    fixed = plan_fit(Settings(mode="synchronous", frequency=50), big, 2, 64, samples=200_000)
+    assert fixed.window == 50 and fixed.window_choice is None
+    pinned = plan_fit(Settings(mode="synchronous", optimizer={"name": "modelaveraging", "config": {"window": 5}}),
+                      big, 2, 64, samples=200_000)
+    assert pinned.window == 5 and pinned.window_choice is None  # a rule given its own window keeps it
+    named = plan_fit(Settings(mode="asynchronous", optimizer="downpour"), big, 2, 64, samples=200_000)
+    assert named.window == 1 and named.window_choice is None  # rules without a cost decision keep theirs
+    unknown = plan_fit(Settings(mode="synchronous"), big, 2, 64)
+    assert unknown.window == 8 and unknown.window_choice is None  # no sample count: the rule's window
+
+
+def test_the_asynchronous_default_keeps_one_commit_per_short_pass_and_windows_long_ones():
+    short = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=2_000)
+    assert short.window is None and short.window_choice.window is None
+    long = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=200_000)
+    assert long.window == long.window_choice.window >= 32
+
+
+def test_a_plan_rechecks_its_window_from_the_first_epochs_timings():
+    plan = plan_fit(Settings(mode="synchronous"), _model(width=512, features=256), 2, 64, samples=200_000)
+    slow = [{"steps": 1000, "commits": 50, "seconds": 12.0, "setup_seconds": 0.0, "comm_seconds": 2.0}]  # 10, 40 ms
+    again = plan.rechecked(slow)
+    assert again.window_choice.measured and again.window == decide_window(8, 10.0, 40.0, 3125, 0.1) == 36
+    assert again.rechecked(slow) is again  # decided once from measurements
+    fixed = plan_fit(Settings(mode="synchronous", frequency=4), _model(), 2, 64, samples=200_000)
+    assert fixed.rechecked(slow) is fixed
+    assert isinstance(again, FitPlan) and isinstance(again.window_choice, WindowChoice)
+
+
+@pytest.mark.parametrize("budget", [0, 1, -0.1, 1.5, True, "0.1", None])
+def test_comm_budget_is_checked(budget):
+    with pytest.raises(ConfigError, match="comm_budget"):
+        Settings(comm_budget=budget)
