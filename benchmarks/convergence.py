@@ -22,6 +22,7 @@ Run::
 
     python benchmarks/convergence.py                       # simulator grid (~30 min on 2 cores)
     python benchmarks/convergence.py --engine spark        # defaults on Spark, 2 and 4 workers
+    python benchmarks/convergence.py --large --workers 2 4 8 --seeds 0   # MB models, big data, 1-2 epochs
     python benchmarks/convergence.py --report              # table, plots, README section only
     python benchmarks/convergence.py --workloads digits-mlp --workers 2 --seeds 0 --configs sync-default
 
@@ -52,9 +53,10 @@ import workloads as WL  # noqa: E402
 # name -> SparkModel keyword arguments (None optimizer: the mode's default).
 CONFIGS: dict[str, dict] = {
     "sync-default": dict(mode="synchronous"),
+    "sync-w8": dict(mode="synchronous", frequency=8),  # the synchronous default before windows were decided
     "sync-epoch": dict(mode="synchronous", frequency="epoch"),
-    "async-default": dict(mode="asynchronous"),
-    "async-epoch": dict(mode="asynchronous", frequency="epoch"),
+    "async-default": dict(mode="asynchronous"),  # windows decided from the fit's costs on long passes
+    "async-epoch": dict(mode="asynchronous", frequency="epoch"),  # also the asynchronous default before
     "downpour": dict(mode="asynchronous", optimizer="downpour"),
     "downpour-w5": dict(mode="asynchronous", optimizer={"name": "downpour", "config": {"window": 5}}),  # the old default
     "agn": dict(mode="asynchronous", optimizer="agn"),
@@ -76,7 +78,7 @@ CONFIGS: dict[str, dict] = {
     "modelaveraging-overlap": dict(mode="synchronous", optimizer="modelaveraging", overlap=True),
     "easgd-overlap": dict(mode="synchronous", optimizer="easgd", overlap=True),
 }
-DEFAULT_CONFIGS = ("sync-default", "sync-epoch", "async-default", "async-epoch")
+DEFAULT_CONFIGS = ("sync-default", "sync-w8", "sync-epoch", "async-default", "async-epoch")
 
 
 def _key(row) -> tuple:
@@ -103,7 +105,14 @@ def run_sim(wl, config: dict, workers: int, seed: int) -> dict:
                        seed=seed, validation_data=(wl.x_test, wl.y_test), **config)
     curve = fit.history["val_" + wl.metric]
     return {"curve": curve, "final": curve[-1], "seconds": time.perf_counter() - t0,
-            "updates": int(sum(fit.history["updates"])), "window": fit.window, "optimizer": repr(fit.optimizer)}
+            "updates": int(sum(fit.history["updates"])), "window": fit.window, "optimizer": repr(fit.optimizer),
+            "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _spark(slots: int):
@@ -128,8 +137,10 @@ def run_spark(wl, config: dict, workers: int, seed: int, spark) -> dict:
     curve = [float(v) for v in history.history["val_" + wl.metric]]
     # validation runs on the driver inside fit; subtract nothing: plain Keras' timing above
     # includes its own per-epoch evaluation in `wall`, and we compare fit-only seconds below.
-    return {"curve": curve, "final": curve[-1], "seconds": seconds, "window": sm.window,
-            "optimizer": repr(sm.optimizer), "worker_batch_size": (sm.fit_plan or {}).get("worker_batch_size")}
+    plan = sm.fit_plan or {}
+    return {"curve": curve, "final": curve[-1], "seconds": seconds, "window": plan.get("window", sm.window),
+            "optimizer": repr(sm.optimizer), "worker_batch_size": plan.get("worker_batch_size"),
+            "window_choice": plan.get("window_choice")}
 
 
 def _warm_up(spark, workers: int) -> None:
@@ -196,7 +207,9 @@ def _save(path, engine, done) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=["sim", "spark"], default="sim")
-    parser.add_argument("--workloads", nargs="+", default=list(WL.NAMES), choices=list(WL.NAMES))
+    parser.add_argument("--workloads", nargs="+", default=list(WL.SMALL), choices=list(WL.NAMES))
+    parser.add_argument("--large", action="store_true",
+                        help=f"the megabyte models and big data ({', '.join(WL.LARGE)}) instead of the small workloads")
     parser.add_argument("--configs", nargs="*", default=None)
     parser.add_argument("--tag", default="", help="suffix of the results file, for runs in parallel processes")
     parser.add_argument("--workers", nargs="+", type=int, default=None)
@@ -210,8 +223,10 @@ if __name__ == "__main__":
     for item in args.extra:
         name, _, spec = item.partition("=")
         CONFIGS[name] = json.loads(spec)
+    if args.large:
+        args.workloads = list(WL.LARGE)
     if args.configs is None:
-        args.configs = list(CONFIGS) if args.engine == "sim" else list(DEFAULT_CONFIGS)
+        args.configs = list(CONFIGS) if args.engine == "sim" and not args.large else list(DEFAULT_CONFIGS)
     if args.workers is None:
         args.workers = [2, 4, 8] if args.engine == "sim" else [2, 4]
     args.configs = [*args.configs, *(item.partition("=")[0] for item in args.extra)]

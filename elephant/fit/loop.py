@@ -147,7 +147,7 @@ def _start(model, settings: Settings, args: FitArgs, runner) -> FitPlan:
             log.warning(warning)
     log.info(plan.describe())
     if plan.window_choice is not None:
-        log.info("elephant fit: %s", plan.window_choice.describe())
+        log.info("window decision: %s", plan.window_choice.describe())
     return plan
 
 
@@ -157,7 +157,7 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
     if rechecked is not plan:
         report.plan = rechecked.as_dict()
         if rechecked.window != plan.window:
-            log.info("elephant fit: from the next epoch, %s", rechecked.window_choice.describe())
+            log.info("window decision, from the next epoch: %s", rechecked.window_choice.describe())
     return rechecked
 
 

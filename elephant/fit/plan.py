@@ -122,8 +122,8 @@ class WindowChoice:
         return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured)
 
     def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
-        """The decision from measured costs."""
-        return self.decide(floor=self.floor, per_pass=self.per_pass, model_bytes=self.model_bytes, step_ms=step_ms,
+        """The decision from measured costs (a fit that commits every ``window`` steps keeps doing so)."""
+        return self.decide(floor=self.floor, per_pass=False, model_bytes=self.model_bytes, step_ms=step_ms,
                            commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
                            measured=True)
 
@@ -213,7 +213,9 @@ class FitPlan:
     def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
         """This plan with its decided window re-decided from an epoch's measured costs (else unchanged)."""
         choice = self.window_choice
-        costs = None if choice is None or choice.measured else measured_costs(stats)
+        if choice is None or choice.measured or choice.window is None:  # one commit per pass stays so
+            return self
+        costs = measured_costs(stats)
         if costs is None:
             return self
         choice = choice.again(*costs)

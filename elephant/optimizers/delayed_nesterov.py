@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from elephant.optimizers.base import DistributedOptimizer, register, tree_map
+from elephant.optimizers.local import adapts_step_size
 from elephant.optimizers.outer import OuterMomentum
+
+
+def windowed_momentum(local, num_workers: int) -> float:
+    """The outer momentum of windowed commits: ``1 − 1/√K`` for an adaptive local optimizer, else 0.
+
+    With the batch split ``K`` ways the mean of the workers' deltas moves the
+    center as far as plain training would with SGD (no amplification needed),
+    and about ``1/√K`` as far with Adam or RMSprop (their steps keep their size
+    and get noisier; the mean cancels the noise); a steady momentum ``β``
+    amplifies by ``1/(1 − β)``, so ``β = 1 − 1/√K`` gives the missing ``√K``.
+    """
+    workers = max(int(num_workers), 1)
+    return 1.0 - 1.0 / math.sqrt(workers) if adapts_step_size(local) else 0.0
 
 
 @register
@@ -41,11 +57,23 @@ class DelayedNesterov(DistributedOptimizer):
     behind plain Keras at 4-8 workers, against -0.4 to +20 for one commit per
     pass (docs/convergence.md).
 
+    On long passes (a pass of two or more decided windows; big data, or one to
+    three epochs) ``SparkModel`` commits every ``window`` steps instead, the
+    window decided from the fit's costs (at least 32 steps, at most 128, and 8
+    commits per pass where the pass allows), because one outer step per pass
+    is too few: a one-epoch fit would get a single one. Such windowed fits
+    take the outer momentum from the local optimizer (:func:`windowed_momentum`:
+    ``1 − 1/√K`` for Adam-like optimizers, 0 for SGD) unless ``outer_momentum``
+    is given: block momentum ``1 − 1/K`` over windows was measured to overshoot
+    (docs/convergence.md, "big models, big data, many workers").
+
     Args:
         window: local steps per commit. Default None: one commit per pass.
         outer_lr: α. Default 1.0.
         outer_momentum: β in [0, 1); None (default) means ``1 − 1/K`` (BMUF's
-            block momentum), 0 gives asynchronous model averaging.
+            block momentum) with one commit per pass and
+            :func:`windowed_momentum` with windows; 0 gives asynchronous model
+            averaging.
         staleness_bound: optional SSP bound; default None (unbounded).
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
@@ -67,14 +95,20 @@ class DelayedNesterov(DistributedOptimizer):
         self.outer = OuterMomentum(outer_lr, outer_momentum, nesterov=True)
 
     def setup_warning(self, window, num_workers, batch_split):
-        if window is not None and num_workers >= 4:
+        if window is not None and window < self.window_from_costs and num_workers >= 4:
             return (
                 f"DelayedNesterov with a window of {window} steps and {num_workers} workers: a worker's next delta is "
                 "measured from a center that lacks the others' latest deltas, and the outer momentum amplifies that; "
                 "benchmarks/convergence.py measured windows of 8 steps 17 to 22 points behind plain Keras at 4-8 "
-                "workers. Keep the default (one commit per pass) or pass outer_momentum=0."
+                f"workers. Keep the default (one commit per pass on short passes, windows of {self.window_from_costs} "
+                "steps or more on long ones) or pass outer_momentum=0."
             )
         return super().setup_warning(window, num_workers, batch_split)
+
+    def for_fit(self, local, num_workers, batch_split, window):
+        if window is None or self.outer.momentum is not None or int(num_workers) < 2:
+            return self
+        return type(self).from_config({**self.get_config(), "outer_momentum": windowed_momentum(local, num_workers)})
 
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}"

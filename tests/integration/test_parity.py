@@ -63,3 +63,43 @@ def test_square_root_scaling_is_decided_at_fit_start_and_logged(spark, digits, c
     assert sm.optimizer.sqrt_scaling is None  # the user's rule is left as given, for the next fit
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("elephant fit:"))
     assert "sqrt(2) = 1.41" in line and "sqrt_scaling=False turns it off" in line
+
+
+@pytest.fixture(scope="module")
+def wide_task():
+    """A 10-class task drawn by a random teacher network, and a 1.2M-parameter MLP (4.8 MB) for it."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 1, (12_000, 64)).astype("float32")
+    teacher = rng.normal(0, 1 / 8, (64, 10)).astype("float32")
+    y = np.argmax(np.tanh(x @ teacher) + 0.1 * rng.normal(0, 1, (12_000, 10)), axis=1)
+
+    def model():
+        import keras
+
+        keras.utils.set_random_seed(3)
+        wide = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
+                                 keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+        wide.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return wide
+
+    plain = model()
+    plain.fit(x[:10_000], y[:10_000], epochs=2, batch_size=64, verbose=0)
+    return x, y, model, accuracy(plain, x[10_000:], y[10_000:])
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+def test_a_megabyte_model_trains_like_plain_keras_in_two_epochs(spark, wide_task, mode, caplog):
+    """The defaults on a 4.8 MB model: windows decided from its size, logged, and plain Keras' accuracy in 2 epochs."""
+    x, y, model, plain_accuracy = wide_task
+    sm = SparkModel(model(), mode=mode, num_workers=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit.loop"):
+        sm.fit(x[:10_000], y[:10_000], epochs=2, batch_size=64, verbose=0)
+    acc = accuracy(sm.model, x[10_000:], y[10_000:])
+    assert acc >= plain_accuracy - 0.03, f"{mode} default: {acc:.3f} against plain Keras {plain_accuracy:.3f}"
+    choice = sm.fit_plan["window_choice"]
+    assert choice["model_bytes"] > 4_000_000 and choice["steps_per_pass"] == -(-5_000 // 32)
+    assert sm.fit_plan["window"] == choice["window"] and choice["window"] >= choice["floor"]
+    decisions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("window decision")]
+    assert decisions and "MB of weights" in decisions[0] and "ms per commit" in decisions[0]

@@ -159,6 +159,7 @@ def test_delayed_nesterov_with_short_windows_and_many_workers_is_warned_about():
     assert DelayedNesterov().setup_warning(None, 8, batch_split=True) is None
     assert DelayedNesterov().setup_warning(8, 2, batch_split=True) is None
     assert "window of 8 steps and 4 workers" in DelayedNesterov().setup_warning(8, 4, batch_split=True)
+    assert DelayedNesterov().setup_warning(32, 8, batch_split=True) is None  # the decided windows are not
 
 
 @pytest.mark.parametrize("name", ["easgd", "aeasgd", "eamsgd"])
@@ -185,3 +186,35 @@ def test_asynchronous_averaging_rules_warn_from_four_workers(name):
 
 def test_paper_form_agn_is_not_warned_as_averaging():
     assert get("agn", step_scale=1.0).setup_warning(12, 4, batch_split=False) is None
+
+
+class _Adam:  # duck-typed local optimizers: the rule reads class names only
+    pass
+
+
+_Adam.__name__ = "Adam"
+
+
+class _SGD:
+    pass
+
+
+_SGD.__name__ = "SGD"
+
+
+@pytest.mark.parametrize("local, workers, window, beta", [
+    (_Adam(), 4, 32, 0.5),             # adaptive: 1 - 1/sqrt(4)
+    (_Adam(), 16, 64, 0.75),
+    (_SGD(), 4, 32, 0.0),              # SGD's mean step is plain training's: no amplification
+    (_Adam(), 4, None, None),          # one commit per pass keeps block momentum 1 - 1/K
+    (_Adam(), 1, 32, None),            # one worker: sequential, nothing to resolve
+])
+def test_delayed_nesterov_takes_its_windowed_momentum_from_the_local_optimizer(local, workers, window, beta):
+    rule = DelayedNesterov().for_fit(local, workers, True, window)
+    assert rule.outer.momentum == (pytest.approx(beta) if beta is not None else None)
+    if beta is None:
+        assert rule.outer.resolve_momentum(workers) == pytest.approx(1 - 1 / workers)
+
+
+def test_a_given_outer_momentum_is_kept_with_windows():
+    assert DelayedNesterov(outer_momentum=0.9).for_fit(_Adam(), 4, True, 32).outer.momentum == 0.9
