@@ -10,13 +10,15 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 
+from elephant import launch
 from elephant.console import TF_LOG_ENV, TF_LOG_QUIET
 from elephant.errors import ConfigError
+from elephant.launch import is_local
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "active", "get_or_create", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots",
+    "active", "get_or_create", "make_active", "install_interrupt_handler", "task_slots", "ps_host", "check_barrier_slots",
     "configured_master", "session_settings", "job_description", "ps_ports",
     "is_connect", "require_classic",
 ]
@@ -52,6 +54,27 @@ def active():
     from pyspark.sql import SparkSession
 
     return SparkSession.getActiveSession() or SparkSession._instantiatedSession
+
+
+def make_active(spark) -> bool:
+    """Make the classic session ``spark`` the active one of the calling thread too; whether that was needed.
+
+    PySpark's active session is per thread: one made by another thread (the
+    warm-up makes the embedded session) is not what
+    ``SparkSession.getActiveSession()`` returns in the user's thread. A
+    thread that already has an active session keeps it; a Connect session
+    is left as it is.
+    """
+    from pyspark.sql import SparkSession
+
+    if not isinstance(spark, SparkSession) or is_connect(spark) or SparkSession.getActiveSession() is not None:
+        return False
+    jvm = spark.sparkContext._jvm
+    find_class = getattr(SparkSession, "_get_j_spark_session_class", None)  # PySpark 4: the classic class
+    (find_class(jvm) if find_class is not None else jvm.SparkSession).setActiveSession(spark._jsparkSession)
+    SparkSession._activeSession = spark
+    log.debug("the SparkSession made in another thread is now active in thread %s", threading.current_thread().name)
+    return True
 
 
 def install_interrupt_handler(sc) -> bool:
@@ -109,11 +132,6 @@ def interrupt_cancels(sc, group: str) -> Iterator[threading.Event]:
 
 
 # ---------------------------------------------------------------- the session elephant makes
-
-
-def is_local(master: str) -> bool:
-    """Whether ``master`` runs executors inside the driver's JVM (``local``, ``local[N]``, ``local[N,F]``)."""
-    return master.startswith("local") and not master.startswith("local-cluster")
 
 
 def configured_master(conf: Mapping[str, str], env: Mapping[str, str]) -> str | None:
@@ -186,12 +204,39 @@ def launch_conf() -> dict[str, str]:
     Under ``spark-submit`` that JVM is already running with the submit's
     configuration; from plain ``python`` PySpark starts it here (as building the
     session would a moment later), with ``spark-defaults.conf``,
-    ``PYSPARK_SUBMIT_ARGS`` and ``MASTER`` applied.
+    ``PYSPARK_SUBMIT_ARGS`` and ``MASTER`` applied, and with elephant's logging
+    configuration and loopback address where the user configured none
+    (:mod:`elephant.launch`).
     """
     from pyspark import SparkConf, SparkContext
 
-    SparkContext._ensure_initialized()
+    settings: dict[str, str] = {}
+    if SparkContext._gateway is None:
+        settings, variables = launch.launch_settings(os.environ, *spark_conf_directory())
+        for name, value in variables.items():
+            os.environ.setdefault(name, value)
+        log.debug("starting the driver's JVM with %s and environment %s", settings, variables)
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(settings.items()) if settings else None)
     return dict(SparkConf().getAll())
+
+
+def spark_conf_directory() -> tuple[dict[str, str], list[str]]:
+    """The settings of ``$SPARK_HOME/conf/spark-defaults.conf`` and the names of the files there."""
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        home = _find_spark_home()
+    except Exception:  # PySpark prints and exits when it finds none; the launch will say so again
+        home = os.environ.get("SPARK_HOME")
+    directory = os.path.join(home, "conf") if home else None
+    if directory is None or not os.path.isdir(directory):
+        return {}, []
+    defaults = os.path.join(directory, "spark-defaults.conf")
+    text = ""
+    if os.path.isfile(defaults):
+        with open(defaults, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    return launch.read_defaults(text), sorted(os.listdir(directory))
 
 
 def get_or_create():

@@ -161,13 +161,16 @@ class SparkModel:
     @property
     def spark(self):
         warm, self._warm_up = self._warm_up, None
-        if warm is not None and self._spark is None:  # it may be making the embedded session: take that one
+        chosen = self._spark is None  # none given: elephant takes the active session, else makes the embedded one
+        if warm is not None and chosen:  # it may be making the embedded session: take that one
             warm.ready.wait()
             if warm.made_session:
                 session.install_interrupt_handler(warm.session.sparkContext)
             self._spark = warm.session
         if self._spark is None:
             self._spark = session.get_or_create()
+        if chosen:  # made by the warm-up's thread (or another): the caller's thread sees it as active too
+            session.make_active(self._spark)
         return self._spark
 
     def get_settings(self) -> dict[str, Any]:

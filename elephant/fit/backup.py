@@ -2,12 +2,17 @@
 
 After each epoch the center, the compiled optimizer's variables, the rule's
 server state and the history are saved (:mod:`elephant.checkpoint`); a fit
-given the same backup directory resumes after the last saved epoch.
+given the same backup directory resumes after the last saved epoch. The save
+runs where the ``BackupAndRestore`` stands in the callback list
+(:func:`in_callback_order`), as Keras' own does: a driver that dies in a later
+callback's ``on_epoch_end`` resumes after that epoch, and one that dies in an
+earlier callback's trains it again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +22,7 @@ from elephant.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["resume_from_backup", "rule_identity", "save_backup"]
+__all__ = ["in_callback_order", "resume_from_backup", "rule_identity", "save_backup"]
 
 
 def rule_identity(mode: str, rule, num_workers: int) -> dict[str, Any]:
@@ -75,3 +80,21 @@ def save_backup(model, mode: str, backup, store, rule, num_workers: int, epochs_
         optimizer_variables=[np.asarray(v) for v in _built_optimizer(model).variables],
         rule_state=store.snapshot().state, rule=rule_identity(mode, rule, num_workers), history=history,
     ))
+
+
+def in_callback_order(callbacks, backup, write: Callable[[int, dict], None]) -> list:
+    """``callbacks`` with ``backup`` replaced, at its place, by a callback whose ``on_epoch_end`` calls ``write``.
+
+    ``write(epoch, logs)`` gets the 0-based epoch and the epoch's logs as the
+    callbacks before it left them. Callbacks after it run once the backup is on
+    disk, as with Keras' ``BackupAndRestore``.
+    """
+    import keras
+
+    class WriteBackup(keras.callbacks.Callback):
+        """Writes elephant's backup where the user's ``BackupAndRestore`` stood."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            write(epoch, logs if logs is not None else {})
+
+    return [WriteBackup() if c is backup else c for c in callbacks or []]

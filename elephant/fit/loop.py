@@ -25,7 +25,7 @@ from elephant import data as D
 from elephant import session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
-from elephant.fit.backup import resume_from_backup, save_backup
+from elephant.fit.backup import in_callback_order, resume_from_backup, save_backup
 from elephant.fit.epoch import run_epoch
 from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
@@ -180,6 +180,13 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     fingerprint = model_fingerprint(model)
     structure = replica_structure(model, custom_objects)
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
+    if backup is not None:
+        def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it
+            for key, value in logs.items():
+                past.setdefault(key, []).append(float(value))
+            save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past)
+
+        callbacks = in_callback_order(args.callbacks, backup, write_backup)
     cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
     model.stop_training = False
     try:
@@ -227,11 +234,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             metrics_before = metrics_after
             log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
             diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
-            cbks.on_epoch_end(epoch, logs)
-            if backup is not None:  # after the callbacks: a rate they set is saved with the epoch
-                for key, value in logs.items():
-                    past.setdefault(key, []).append(float(value))
-                save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past)
+            cbks.on_epoch_end(epoch, logs)  # the backup is written among them (write_backup)
             if diverged:
                 # The server refuses non-finite updates, so the center stays finite; going on
                 # would only repeat the divergence. Stop, as Keras' TerminateOnNaN would.

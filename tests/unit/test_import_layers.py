@@ -23,7 +23,7 @@ LAYERS = [
     ("pure state and checks", ["ps.rounds", "ps.store", "data", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
     ("Keras worker", ["worker", "replicas"]),
-    ("Spark", ["session", "warmup", "daemon"]),
+    ("Spark", ["session", "launch", "warmup", "daemon"]),
     ("inputs, fit and inference", ["sources", "fit", "fit.*", "inference"]),
     ("façades", ["spark_model", "search", "search_space", "ensemble"]),
     ("Spark ML and the package", ["ml", ""]),

@@ -98,3 +98,28 @@ def test_ctrl_c_in_a_fit_cancels_its_job_group_from_another_thread_then_interrup
     with session.interrupt_cancels(Context(), "g") as interrupted:  # no Ctrl-C: nothing happens
         pass
     assert not interrupted.is_set() and len(cancelled) == 1
+
+
+def test_a_session_made_in_another_thread_becomes_active_in_the_callers(monkeypatch):
+    import types
+
+    from pyspark.sql import SparkSession
+
+    made_active = []
+
+    class JavaSessionClass:
+        def setActiveSession(self, jsession):
+            made_active.append(jsession)
+
+    spark = SparkSession.__new__(SparkSession)  # a classic session object, no JVM behind it
+    spark._sc, spark._jsparkSession = types.SimpleNamespace(_jvm="jvm"), "the JVM's session"
+    monkeypatch.setattr(SparkSession, "_get_j_spark_session_class", staticmethod(lambda jvm: JavaSessionClass()),
+                        raising=False)
+    monkeypatch.setattr(SparkSession, "_activeSession", None)
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))  # this thread has none
+    assert session.make_active(spark) is True
+    assert made_active == ["the JVM's session"] and SparkSession._activeSession is spark
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: object()))  # this thread has one
+    assert session.make_active(spark) is False and len(made_active) == 1
+    assert session.make_active(object()) is False  # not a classic session (a stand-in, or Connect)

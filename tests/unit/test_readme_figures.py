@@ -1,0 +1,135 @@
+"""The figures the README quotes are those of the benchmark results they come from (no Spark).
+
+Each row names a passage of the README (whitespace-normalised), the figure as it is
+written there, and the value in ``benchmarks/results/`` (or, for the per-request CPU
+profile, which no results file holds, the sentence of ``benchmarks/README.md``) it
+comes from. A README figure edited, or a result re-run, without the other fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _json(name: str):
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _end_to_end(name: str, key: str = "ratio_to_plain"):
+    return lambda: next(r for r in _json("end_to_end.json")["results"] if r["name"] == name)[key]
+
+
+def _largest_accuracy_gap():
+    defaults = ("synchronous (default)", "asynchronous (default)", "hogwild (default)",
+                "synchronous (default), overlap", "hogwild, overlap")
+    return max(abs(_end_to_end(name, "accuracy_delta_pp")()) for name in defaults)
+
+
+def _first_fit(name: str, key: str = "fit"):
+    return lambda: _json("first_fit.json")["best"][name][key]
+
+
+def _worker_start():
+    """What a first fit pays for starting the Python workers: no warm-up, fit at once, less a later fit."""
+    return _first_fit("session, fit at once, no warm-up")() - _first_fit("session, fit at once, no warm-up",
+                                                                         "second_fit")()
+
+
+def _spark_default_time_ratios():
+    """The Spark section of results/convergence.md: the defaults' time ratios at 2 workers (3 seeds)."""
+    report = (RESULTS / "convergence.md").read_text(encoding="utf-8").split("### spark")[1].split("###")[0]
+    rows = [line.split("|") for line in report.splitlines()
+            if re.match(r"\| [\w-]+ \| (sync|async)-default \| 2 \|", line)]
+    return [float(row[9]) for row in rows]
+
+
+def _profile(sentence: str):
+    """The ``low-high`` range a sentence of benchmarks/README.md gives (CPU per commit, from a profile)."""
+    text = _words((ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8"))
+    assert sentence in text, f"benchmarks/README.md no longer says {sentence!r}"
+    low, high = re.match(r"([\d.]+)-([\d.]+)", sentence).groups()
+    return lambda: (float(low), float(high))
+
+
+def _table_cell(row_start: str, cell: str):
+    """A figure of a table row of benchmarks/README.md that no results file keeps (an earlier run's)."""
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    line = next((line for line in text.splitlines() if line.startswith(row_start)), "")
+    return lambda: float(cell) if f"| {cell} |" in line or f"| **{cell}** |" in line else math.nan
+
+
+#: (README passage, the figure in it, where it comes from, how they compare):
+#: "round:N": the value rounded to N decimals is the figure; "range": the figure ("a-b") holds the value;
+#: "bound": no value exceeds the figure; "in": the figure lies in the source's (low, high) range.
+FIGURES = [
+    ("default took 0.71× the wall time of plain `model.fit`", "0.71",
+     _end_to_end("synchronous (default)"), "round:2"),
+    ("0.64× with `SparkModel(overlap=True)`", "0.64", _end_to_end("synchronous (default), overlap"), "round:2"),
+    ("0.53× (asynchronous: one commit per pass)", "0.53", _end_to_end("asynchronous (default)"), "round:2"),
+    ("and 0.92× (hogwild: DOWNPOUR", "0.92", _end_to_end("hogwild (default)"), "round:2"),
+    ("a commit after every step; 0.84× with overlap)", "0.84", _end_to_end("hogwild, overlap"), "round:2"),
+    ("all within 0.5 point of plain Keras' test accuracy", "0.5", _largest_accuracy_gap, "bound"),
+    ("plain Keras took 15.3 s there", "15.3", _end_to_end("plain keras", "seconds"), "round:1"),
+    ("against 11.7 s in the run before", "11.7", _table_cell("| plain Keras |", "11.7"), "round:1"),
+    ("the synchronous default's 1.03×", "1.03", _table_cell("| synchronous (default: averaging", "1.03"), "round:2"),
+    ("the defaults took 1.09 to 1.82× plain Keras' time", "1.09",
+     lambda: min(_spark_default_time_ratios()), "round:2"),
+    ("the defaults took 1.09 to 1.82× plain Keras' time", "1.82",
+     lambda: max(_spark_default_time_ratios()), "round:2"),
+    ("Python workers (about 6-7 s on 2 cores, mostly importing TensorFlow)", "6-7", _worker_start, "range"),
+    ("a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "1.4",
+     _first_fit("session, fit after 10 s"), "round:1"),
+    ("a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "7.1",
+     _first_fit("session, fit after 10 s, no warm-up"), "round:1"),
+    ("left commit p99 at 1.16x its quiet value", "1.16", lambda: _json("flood.json")["server"]["p99_ratio"], "round:2"),
+    ("per 32 KB commit about 0.55 ms in the server", "0.55", _profile("0.55-0.58 ms of server CPU"), "in"),
+    ("and 0.35 ms in the client", "0.35", _profile("0.32-0.36 ms of client CPU"), "in"),
+    ("such a commit took 1.0 ms (median)", "1.0",
+     lambda: _json("ps_roundtrip.json")["latency"]["32KB"]["ps"]["commit"]["median_ms"], "round:1"),
+]
+
+
+@pytest.fixture(scope="module")
+def readme() -> str:
+    return _words((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("passage, figure, value, how", FIGURES, ids=[f"{row[1]}:{row[0][:40]}" for row in FIGURES])
+def test_a_readme_figure_is_its_results_value(readme, passage, figure, value, how):
+    assert passage in readme, f"the README no longer says {passage!r}: update FIGURES with the figure's source"
+    assert figure in passage
+    got = value()
+    if how.startswith("round:"):
+        assert round(got, int(how.split(":")[1])) == float(figure), f"{passage!r}: the results say {got}"
+    elif how == "range":
+        low, high = map(float, figure.split("-"))
+        assert low <= got <= high, f"{passage!r}: the results say {got}"
+    elif how == "bound":
+        assert got <= float(figure), f"{passage!r}: the results say {got}"
+    else:
+        low, high = got
+        assert low <= float(figure) <= high, f"{passage!r}: the source says {low}-{high}"
+
+
+def test_the_parameter_server_request_cost_is_not_the_old_figure(readme):
+    assert "about 2 ms of Python CPU" not in readme  # requests and werkzeug's client, before the own transport
+
+
+def test_a_changed_result_fails_the_check(monkeypatch):
+    passage, figure, value, how = FIGURES[0]
+    results = _json("end_to_end.json")
+    next(r for r in results["results"] if r["name"] == "synchronous (default)")["ratio_to_plain"] = 1.03
+    monkeypatch.setattr(f"{__name__}._json", lambda name: results)
+    assert round(value(), 2) != float(figure)
