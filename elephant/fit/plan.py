@@ -56,14 +56,14 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     (fewer synchronisations lose accuracy), but never below ``floor``: when the two
     disagree, accuracy wins and the fit spends more than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
-    None, one commit per pass, when the window would cover half a pass or more.
+    None, one commit per pass, on a pass too short for ``min_syncs`` windows of
+    ``floor`` steps: there the rule keeps the default it was measured with.
     """
+    if per_pass and steps_per_pass < min_syncs * floor:
+        return None
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
     cap = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
-    window = int(min(max(floor, needed), cap))
-    if per_pass and 2 * window > steps_per_pass:
-        return None
-    return window
+    return int(min(max(floor, needed), cap))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:

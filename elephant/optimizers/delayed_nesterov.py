@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from elephant.optimizers.base import DistributedOptimizer, register, tree_map
-from elephant.optimizers.local import adapts_step_size
 from elephant.optimizers.outer import OuterMomentum
 
 
-def windowed_momentum(local, num_workers: int) -> float:
-    """The outer momentum of windowed commits: ``1 − 1/√K`` for an adaptive local optimizer, else 0.
-
-    With the batch split ``K`` ways the mean of the workers' deltas moves the
-    center as far as plain training would with SGD (no amplification needed),
-    and about ``1/√K`` as far with Adam or RMSprop (their steps keep their size
-    and get noisier; the mean cancels the noise); a steady momentum ``β``
-    amplifies by ``1/(1 − β)``, so ``β = 1 − 1/√K`` gives the missing ``√K``.
-    """
-    workers = max(int(num_workers), 1)
-    return 1.0 - 1.0 / math.sqrt(workers) if adapts_step_size(local) else 0.0
+#: The outer momentum of a fit that commits every ``window`` steps when ``outer_momentum`` is not
+#: given: none (asynchronous model averaging, the batch split among the workers). Block momentum
+#: ``1 − 1/K`` over windows was measured to overshoot (docs/convergence.md, "big models, big data,
+#: many workers").
+WINDOWED_MOMENTUM = 0.0
 
 
 @register
@@ -57,14 +48,14 @@ class DelayedNesterov(DistributedOptimizer):
     behind plain Keras at 4-8 workers, against -0.4 to +20 for one commit per
     pass (docs/convergence.md).
 
-    On long passes (a pass of two or more decided windows; big data, or one to
-    three epochs) ``SparkModel`` commits every ``window`` steps instead, the
-    window decided from the fit's costs (at least 32 steps, at most 128, and 8
-    commits per pass where the pass allows), because one outer step per pass
-    is too few: a one-epoch fit would get a single one. Such windowed fits
-    take the outer momentum from the local optimizer (:func:`windowed_momentum`:
-    ``1 − 1/√K`` for Adam-like optimizers, 0 for SGD) unless ``outer_momentum``
-    is given: block momentum ``1 − 1/K`` over windows was measured to overshoot
+    On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
+    commits every ``window`` steps instead, the window decided from the fit's
+    costs (32 to 128 steps, 8 commits per pass or more), because one outer step
+    per pass is too few: a one-epoch fit would get a single one, and with block
+    momentum it lands ``1 + β`` times the workers' mean progress away from the
+    start. Such windowed fits run without outer momentum
+    (:data:`WINDOWED_MOMENTUM`) unless ``outer_momentum`` is given: block
+    momentum ``1 − 1/K`` over windows was measured to overshoot
     (docs/convergence.md, "big models, big data, many workers").
 
     Args:
@@ -72,8 +63,8 @@ class DelayedNesterov(DistributedOptimizer):
         outer_lr: α. Default 1.0.
         outer_momentum: β in [0, 1); None (default) means ``1 − 1/K`` (BMUF's
             block momentum) with one commit per pass and
-            :func:`windowed_momentum` with windows; 0 gives asynchronous model
-            averaging.
+            :data:`WINDOWED_MOMENTUM` (0) with windows; 0 gives asynchronous
+            model averaging.
         staleness_bound: optional SSP bound; default None (unbounded).
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
@@ -108,7 +99,7 @@ class DelayedNesterov(DistributedOptimizer):
     def for_fit(self, local, num_workers, batch_split, window):
         if window is None or self.outer.momentum is not None or int(num_workers) < 2:
             return self
-        return type(self).from_config({**self.get_config(), "outer_momentum": windowed_momentum(local, num_workers)})
+        return type(self).from_config({**self.get_config(), "outer_momentum": WINDOWED_MOMENTUM})
 
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}"

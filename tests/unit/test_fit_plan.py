@@ -64,7 +64,8 @@ def test_the_plan_describes_a_split_batch_and_the_overlap():
     (8, 1.0, 100.0, 400, 0.1, False, 400 // MIN_SYNCS_PER_PASS),  # ... and at 8 synchronisations per pass
     (8, 1.0, 100.0, 40, 0.1, False, 8),        # a short pass: never below the floor, accuracy first
     (32, 12.0, 20.0, 1400, 0.1, True, 32),     # a per-pass rule on a long pass: windows in steps
-    (32, 12.0, 20.0, 60, 0.1, True, None),     # on a pass shorter than two windows: one commit per pass
+    (32, 12.0, 20.0, 256, 0.1, True, 32),      # room for 8 windows of the floor
+    (32, 12.0, 20.0, 255, 0.1, True, None),    # no room: one commit per pass, as measured on small data
     (32, 2.0, 400.0, 100_000, 0.1, True, MAX_WINDOW),
 ])
 def test_decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass, expected):
@@ -117,7 +118,7 @@ def test_the_defaults_decide_their_window_and_frequency_wins():
 
 
 def test_the_asynchronous_default_keeps_one_commit_per_short_pass_and_windows_long_ones():
-    short = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=2_000)
+    short = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=8_000)  # 250 steps per pass
     assert short.window is None and short.window_choice.window is None
     long = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=200_000)
     assert long.window == long.window_choice.window >= 32

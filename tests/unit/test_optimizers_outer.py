@@ -188,33 +188,18 @@ def test_paper_form_agn_is_not_warned_as_averaging():
     assert get("agn", step_scale=1.0).setup_warning(12, 4, batch_split=False) is None
 
 
-class _Adam:  # duck-typed local optimizers: the rule reads class names only
-    pass
-
-
-_Adam.__name__ = "Adam"
-
-
-class _SGD:
-    pass
-
-
-_SGD.__name__ = "SGD"
-
-
-@pytest.mark.parametrize("local, workers, window, beta", [
-    (_Adam(), 4, 32, 0.5),             # adaptive: 1 - 1/sqrt(4)
-    (_Adam(), 16, 64, 0.75),
-    (_SGD(), 4, 32, 0.0),              # SGD's mean step is plain training's: no amplification
-    (_Adam(), 4, None, None),          # one commit per pass keeps block momentum 1 - 1/K
-    (_Adam(), 1, 32, None),            # one worker: sequential, nothing to resolve
+@pytest.mark.parametrize("workers, window, beta", [
+    (4, 32, 0.0),          # windows: no outer momentum (block momentum overshoots over windows)
+    (16, 64, 0.0),
+    (4, None, None),       # one commit per pass keeps block momentum 1 - 1/K
+    (1, 32, None),         # one worker: sequential, nothing to resolve
 ])
-def test_delayed_nesterov_takes_its_windowed_momentum_from_the_local_optimizer(local, workers, window, beta):
-    rule = DelayedNesterov().for_fit(local, workers, True, window)
-    assert rule.outer.momentum == (pytest.approx(beta) if beta is not None else None)
+def test_delayed_nesterov_runs_windowed_fits_without_outer_momentum(workers, window, beta):
+    rule = DelayedNesterov().for_fit(object(), workers, True, window)
+    assert rule.outer.momentum == beta
     if beta is None:
         assert rule.outer.resolve_momentum(workers) == pytest.approx(1 - 1 / workers)
 
 
 def test_a_given_outer_momentum_is_kept_with_windows():
-    assert DelayedNesterov(outer_momentum=0.9).for_fit(_Adam(), 4, True, 32).outer.momentum == 0.9
+    assert DelayedNesterov(outer_momentum=0.9).for_fit(object(), 4, True, 32).outer.momentum == 0.9

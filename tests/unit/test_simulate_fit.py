@@ -72,3 +72,33 @@ def test_arguments_are_checked(data):
         simulate_fit(model(), x, y, mode="synchronous", optimizer="downpour")
     with pytest.raises(ConfigError, match="`step_times` must give one time per worker"):
         simulate_fit(model(), x, y, num_workers=2, step_times=[1.0])
+
+
+def test_the_asynchronous_default_on_one_long_pass_lands_where_plain_keras_does():
+    """One epoch over a long pass (256 steps per worker): the old default's single outer step overshoots.
+
+    A linear regression each worker all but solves in its pass: one commit per pass with block
+    momentum puts the center at ``1 + β = 1.5`` times the mean progress from the start, far past
+    the solution; the default's windows of 32 steps without outer momentum land on it.
+    """
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(16_384, 4)).astype("float32")
+    y = (x @ np.array([3.0, -2.0, 1.5, 4.0], dtype="float32") + 2.0 + 0.1 * rng.normal(size=16_384)).astype("float32")
+
+    def linear():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        m.compile(keras.optimizers.SGD(0.02), "mse")
+        return m
+
+    def mse(m):
+        return float(m.evaluate(x[:2048], y[:2048], verbose=0))
+
+    plain = linear()
+    plain.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=True)
+    fit = simulate_fit(new := linear(), x, y, epochs=1, batch_size=64, num_workers=2)
+    assert fit.window == 32 and fit.optimizer.outer.momentum == 0.0
+    simulate_fit(old := linear(), x, y, epochs=1, batch_size=64, num_workers=2, frequency="epoch")
+    assert mse(plain) < 0.05
+    assert mse(new) < 2 * mse(plain) + 0.01
+    assert mse(old) > 1.0  # about a quarter of the distance to the solution, squared, per weight
