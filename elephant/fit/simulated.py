@@ -59,6 +59,36 @@ class FitTrace:
     window: int | None
 
 
+class _LiveWeights(Sequence):
+    """A replica's weights after a local step, read from the model only when the simulator reads them.
+
+    Most steps' weights are never read (only a commit's are), and copying a
+    megabyte model out of Keras after every step was a third of a simulated
+    fit's time. The first read copies them; a view that was not read before the
+    replica's next step can no longer be (it would show later weights).
+    """
+
+    def __init__(self, replica: _Replica):
+        self.replica, self.arrays = replica, None
+        self.count = replica.count
+
+    def _read(self) -> list[np.ndarray]:
+        if self.arrays is None:
+            if self.replica.live is not self:
+                raise RuntimeError("the weights of an earlier local step were read after the replica stepped on")
+            self.arrays = self.replica.model.get_weights()
+        return self.arrays
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        return self._read()[index]
+
+    def __iter__(self):
+        return iter(self._read())
+
+
 class _Replica:
     """One simulated worker: a rebuilt Keras model and its shard, reshuffled every epoch."""
 
@@ -68,21 +98,22 @@ class _Replica:
         self.n = D.num_samples(x)
         self.order = np.arange(self.n)
         self.position = self.n  # the first step starts a pass
-        self.last_weights: list[np.ndarray] | None = None
+        self.count = len(model.get_weights())
+        self.live: _LiveWeights | None = None
         model.make_train_function()
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
             self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
             self.position = 0
-        if weights is not self.last_weights:  # a pull or a reply replaced the local weights
-            self.model.set_weights(weights)
+        if weights is not self.live:  # a pull or a reply replaced the local weights
+            self.model.set_weights(list(weights))
         index = self.order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         batch = (D.take(self.x, index), D.take(self.y, index), None)
         self.model.train_function(iter([batch]))
-        self.last_weights = self.model.get_weights()
-        return self.last_weights
+        self.live = _LiveWeights(self)
+        return self.live
 
 
 def _keras_step(weights, replica: _Replica, slots):
