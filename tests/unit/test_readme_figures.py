@@ -48,10 +48,11 @@ def _worker_start():
 
 
 def _spark_default_time_ratios():
-    """The Spark section of results/convergence.md: the defaults' time ratios at 2 workers (3 seeds)."""
+    """The Spark section of results/convergence.md: the defaults' time ratios at 2 workers on the small workloads."""
     report = (RESULTS / "convergence.md").read_text(encoding="utf-8").split("### spark")[1].split("###")[0]
+    small = "digits-mlp|signals-conv1d|shapes-conv2d|friedman-regression|overlap-tabular"
     rows = [line.split("|") for line in report.splitlines()
-            if re.match(r"\| [\w-]+ \| (sync|async)-default \| 2 \|", line)]
+            if re.match(rf"\| ({small}) \| (sync|async)-default \| 2 \|", line)]
     return [float(row[9]) for row in rows]
 
 
