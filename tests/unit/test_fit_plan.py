@@ -139,3 +139,24 @@ def test_a_plan_rechecks_its_window_from_the_first_epochs_timings():
 def test_comm_budget_is_checked(budget):
     with pytest.raises(ConfigError, match="comm_budget"):
         Settings(comm_budget=budget)
+
+
+def _adam_model():
+    model = _model()
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    return model
+
+
+@pytest.mark.parametrize("workers, model, settings, warned", [
+    (8, _adam_model, {"mode": "synchronous"}, True),
+    (4, _adam_model, {"mode": "synchronous"}, False),      # measured within the target at 2 and 4 workers
+    (8, _model, {"mode": "synchronous"}, False),           # SGD: the Conv1D task gained at 8 workers
+    (8, _adam_model, {"mode": "synchronous", "optimizer": {"name": "modelaveraging",
+                                                           "config": {"outer_momentum": 0.65}}}, False),
+])
+def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_about(workers, model, settings, warned):
+    plan = plan_fit(Settings(**settings), model(), workers, 64, samples=100_000)
+    found = [w for w in plan.warnings(settings["mode"]) if "block momentum" in w]
+    assert bool(found) == warned
+    if warned:
+        assert "28 points behind" in found[0] and "'outer_momentum': 0.65" in found[0]
