@@ -47,7 +47,8 @@ class FitTrace:
             center's ``val_*`` metrics when ``validation_data`` was given, and
             ``updates`` (commits or rounds applied in the epoch).
         centers: the center weights at the end of every epoch.
-        trace: the simulator's :class:`~elephant.optimizers.Trace` of the whole fit.
+        trace: the simulator's :class:`~elephant.optimizers.Trace` of the whole fit (its
+            ``centers`` kept at the epochs' ends only, None elsewhere).
         optimizer: the distributed optimizer that ran; ``window`` the local steps
             per commit (None: one commit per pass).
     """
