@@ -56,6 +56,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(one(args.child[0], int(args.child[1]))))
         return
+    path = os.path.join(RESULTS, "sim_scale.json")
+    kept = {}
+    if os.path.exists(path):  # rows of other workloads and worker counts stay; these are measured again
+        with open(path) as f:
+            kept = {(r["workload"], r["workers"]): r for r in json.load(f)["rows"]}
     rows = []
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     for workload in args.workloads:
@@ -71,9 +76,11 @@ def main() -> None:
             print(f"{workload} K={workers or 'plain'}: {row['seconds']:.1f} s, peak {row['peak_rss_mb']:.0f} MB, "
                   f"{row['metric']:.4f} (window {row['window']})", flush=True)
     os.makedirs(RESULTS, exist_ok=True)
+    kept.update({(r["workload"], r["workers"]): r for r in rows})
     meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M")}
-    with open(os.path.join(RESULTS, "sim_scale.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": sorted(kept.values(), key=lambda r: (r["workload"], r["workers"]))}, f,
+                  indent=1)
 
 
 if __name__ == "__main__":
