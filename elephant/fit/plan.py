@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,14 +17,14 @@ from elephant.config import Settings
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import adapts_step_size
 
-__all__ = ["COSTS", "FitPlan", "WindowChoice", "decide_window", "decide_workers", "estimate_commit_ms",
-           "estimate_step_ms", "measured_costs", "overlap_warning", "plan_fit"]
+__all__ = ["COSTS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window", "decide_workers",
+           "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning", "plan_fit"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
 #: 1.5 ms + 1.8 ms per MB); a fit's commit also copies the weights out of and into the model, runs the
 #: rule on the server and, on a machine whose cores the server shares with the workers, waits for it:
-#: the prior doubles the measured slope. A local step costs a fixed ~1 ms of dispatch plus its
+#: the prior takes about twice the measured slope. A local step costs a fixed ~1 ms of dispatch plus its
 #: arithmetic, about 6 floating-point operations per parameter and sample (forward and backward) at
 #: ~20 GFLOP/s per core; convolutions and recurrent layers do more per parameter, so the prior
 #: underestimates their steps and the first epoch's timings correct it.
@@ -51,11 +52,12 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     """Local steps per commit so that committing costs at most ``budget`` of a worker's time, within accuracy's bounds.
 
     The window is the fewest steps whose compute time is at least
-    ``(1 - budget) / budget`` times ``commit_ms``,
-    at least ``floor`` (the rule's own window, which the small workloads were
-    measured at) and at most ``steps_per_pass / min_syncs`` and ``max_window``
-    (fewer synchronisations lose accuracy), but never below ``floor``: when the two
-    disagree, accuracy wins and the fit spends more than ``budget`` on commits.
+    ``(1 - budget) / budget`` times ``commit_ms``, bounded by accuracy: at least
+    ``floor`` (the window the small workloads were measured at) and at most
+    ``steps_per_pass / min_syncs`` and ``max_window`` (fewer synchronisations lose
+    accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``). Where the
+    budget needs a longer window than that, accuracy wins and the fit spends more
+    than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
     None, one commit per pass, on a pass too short for ``min_syncs`` windows of
     ``floor`` steps: there the rule keeps the default it was measured with.
@@ -86,8 +88,7 @@ def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | 
         commits.append(1000.0 * comm / k)
     if not steps:
         return None
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    return median(steps), median(commits)
+    return statistics.median_high(steps), statistics.median_high(commits)
 
 
 @dataclasses.dataclass(frozen=True)
