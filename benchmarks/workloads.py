@@ -46,6 +46,23 @@ def _standardise(train, test):
     return ((train - mean) / std).astype("float32"), ((test - mean) / std).astype("float32")
 
 
+def _sequential(layers, optimizer, loss="sparse_categorical_crossentropy", metrics=("accuracy",)):
+    """A workload's ``build``: ``seed -> keras.Sequential(layers(keras))`` compiled with ``optimizer(keras)``.
+
+    The seed is set before the layers are made, so every call with a seed starts from the same weights.
+    """
+
+    def build(seed):
+        import keras
+
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential(layers(keras))
+        model.compile(optimizer(keras), loss, metrics=list(metrics))
+        return model
+
+    return build
+
+
 def digits(data_seed=0) -> Workload:
     """sklearn's 8x8 digits (1 797 images) with a 64-64-32-10 MLP, ``Adam(1e-3)``, batch 32."""
     from sklearn.datasets import load_digits
@@ -54,18 +71,12 @@ def digits(data_seed=0) -> Workload:
     x = (x / 16.0).astype("float32")
     x, y, xt, yt = _split(x, y, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((64,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((64,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ], lambda keras: keras.optimizers.Adam(1e-3))
 
     return Workload("digits-mlp", x, y, xt, yt, build, "accuracy", True, 10, 32, "Adam(1e-3)")
 
@@ -83,20 +94,14 @@ def signals(data_seed=0, n=4000, length=64) -> Workload:
     x = (x + rng.normal(0, 0.6, x.shape)).astype("float32")[..., None]
     x, y, xt, yt = _split(x, y, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((length, 1)),
-            keras.layers.Conv1D(16, 5, activation="relu"),
-            keras.layers.MaxPooling1D(2),
-            keras.layers.Conv1D(16, 5, activation="relu"),
-            keras.layers.GlobalAveragePooling1D(),
-            keras.layers.Dense(6, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((length, 1)),
+        keras.layers.Conv1D(16, 5, activation="relu"),
+        keras.layers.MaxPooling1D(2),
+        keras.layers.Conv1D(16, 5, activation="relu"),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(6, activation="softmax"),
+    ], lambda keras: keras.optimizers.SGD(0.01, momentum=0.9))
 
     return Workload("signals-conv1d", x, y, xt, yt, build, "accuracy", True, 10, 64, "SGD(0.01, momentum=0.9)")
 
@@ -124,21 +129,15 @@ def shapes(data_seed=0, n=4000, size=12) -> Workload:
     x = x[..., None]
     x, y, xt, yt = _split(x, y, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((size, size, 1)),
-            keras.layers.Conv2D(8, 3, activation="relu"),
-            keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(4, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.RMSprop(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((size, size, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(4, activation="softmax"),
+    ], lambda keras: keras.optimizers.RMSprop(1e-3))
 
     return Workload("shapes-conv2d", x, y, xt, yt, build, "accuracy", True, 8, 64, "RMSprop(1e-3)")
 
@@ -152,18 +151,12 @@ def friedman(data_seed=0, n=4000) -> Workload:
     x, y, xt, yt = _split(x.astype("float32"), y.astype("float32"), seed=data_seed)
     x, xt = _standardise(x, xt)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((10,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(1),
-        ])
-        model.compile(keras.optimizers.Adam(1e-3), "mse", metrics=["mae"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((10,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(1),
+    ], lambda keras: keras.optimizers.Adam(1e-3), "mse", ("mae",))
 
     return Workload("friedman-regression", x, y, xt, yt, build, "loss", False, 10, 32, "Adam(1e-3)")
 
@@ -178,18 +171,12 @@ def overlap(data_seed=0, n=6000) -> Workload:
     x, y, xt, yt = _split(x.astype("float32"), y, seed=data_seed)
     x, xt = _standardise(x, xt)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((20,)),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(5, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((20,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(5, activation="softmax"),
+    ], lambda keras: keras.optimizers.SGD(0.01, momentum=0.9))
 
     return Workload("overlap-tabular", x, y, xt, yt, build, "accuracy", True, 12, 128, "SGD(0.01, momentum=0.9)")
 
@@ -213,18 +200,12 @@ def wide_mlp(data_seed=0, n=100_000, features=128, width=1024, name="teacher-mlp
     y = _teacher_labels(x, 10, rng)
     x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((features,)),
-            keras.layers.Dense(width, activation="relu"),
-            keras.layers.Dense(width, activation="relu"),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((features,)),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ], lambda keras: keras.optimizers.Adam(1e-3))
 
     return Workload(name, x, y, xt, yt, build, "accuracy", True, 2, 64, "Adam(1e-3)")
 
@@ -250,21 +231,15 @@ def textures(data_seed=0, n=40_000, size=16) -> Workload:
     x = (x * rng.uniform(0.1, 0.5, n)[:, None, None, None] + rng.normal(0, 1.0, x.shape)).astype("float32")
     x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((size, size, 2)),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(2),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dense(8, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.RMSprop(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((size, size, 2)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(8, activation="softmax"),
+    ], lambda keras: keras.optimizers.RMSprop(1e-3))
 
     return Workload("textures-conv2d", x, y, xt, yt, build, "accuracy", True, 2, 64, "RMSprop(1e-3)")
 
@@ -280,17 +255,11 @@ def sequences(data_seed=0, n=30_000, length=24, features=8) -> Workload:
         x[i, lag[i]:, source[i] + 3] += 0.9 * x[i, : length - lag[i], source[i]]
     x, y, xt, yt = _split(x, y, test_fraction=0.1, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((length, features)),
-            keras.layers.GRU(320),
-            keras.layers.Dense(6, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((length, features)),
+        keras.layers.GRU(320),
+        keras.layers.Dense(6, activation="softmax"),
+    ], lambda keras: keras.optimizers.Adam(1e-3))
 
     return Workload("sequences-gru", x, y, xt, yt, build, "accuracy", True, 2, 64, "Adam(1e-3)")
 
@@ -308,21 +277,14 @@ def waves(data_seed=0, n=60_000, length=64) -> Workload:
     x = envelope * np.sin(2 * np.pi * freq[:, None] * t[None, :] + phase) + rng.normal(0, 0.9, (n, length))
     x, y, xt, yt = _split(x.astype("float32")[..., None], y, test_fraction=0.1, seed=data_seed)
 
-    def build(seed):
-        import keras
-
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential([
-            keras.Input((length, 1)),
-            keras.layers.Conv1D(16, 5, activation="relu"),
-            keras.layers.MaxPooling1D(2),
-            keras.layers.Conv1D(32, 5, activation="relu"),
-            keras.layers.GlobalAveragePooling1D(),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
-        model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
-        return model
+    build = _sequential(lambda keras: [
+        keras.Input((length, 1)),
+        keras.layers.Conv1D(16, 5, activation="relu"),
+        keras.layers.MaxPooling1D(2),
+        keras.layers.Conv1D(32, 5, activation="relu"),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(10, activation="softmax"),
+    ], lambda keras: keras.optimizers.SGD(0.01, momentum=0.9))
 
     return Workload("waves-conv1d", x, y, xt, yt, build, "accuracy", True, 1, 64, "SGD(0.01, momentum=0.9)")
 

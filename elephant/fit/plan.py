@@ -18,7 +18,8 @@ from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import adapts_step_size
 
 __all__ = ["COSTS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window", "decide_workers",
-           "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning", "plan_fit"]
+           "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning", "plan_fit",
+           "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
@@ -65,8 +66,13 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     if per_pass and steps_per_pass < min_syncs * floor:
         return None
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
-    cap = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
-    return int(min(max(floor, needed), cap))
+    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window)))
+
+
+def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,
+               max_window: int = MAX_WINDOW) -> int:
+    """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``."""
+    return max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -137,7 +143,7 @@ class WindowChoice:
         steps = self.steps_per_pass if self.window is None else self.window
         share = self.commit_ms / (self.commit_ms + steps * self.step_ms)
         chosen = "one commit per pass" if self.window is None else f"window={self.window} steps"
-        cap = max(self.floor, min(MAX_WINDOW, self.steps_per_pass // MIN_SYNCS_PER_PASS))
+        cap = window_cap(self.floor, self.steps_per_pass)
         return (f"{chosen}, decided from {self.model_bytes / 2**20:.2f} MB of weights, "
                 f"{self.step_ms:.2f} ms per local step and {self.commit_ms:.2f} ms per commit ({how}) and "
                 f"{self.steps_per_pass} steps per pass: commits take ~{100 * share:.0f}% of a worker's time "
@@ -181,10 +187,14 @@ def overlap_warning(overlap: bool, mode: str, window: int | None, num_workers: i
     return None
 
 
-def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_workers: int) -> str | None:
-    """The fit-start warning for block momentum ``1 − 1/K`` at 8 or more workers under an adaptive optimizer, else None."""
-    outer = getattr(rule, "outer", None)
-    if outer is None or outer.momentum is not None or not adaptive or num_workers < 8 or rule.window is None:
+def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_workers: int,
+                           window: int | None) -> str | None:
+    """The fit-start warning for block momentum ``1 − 1/K`` at 8 or more workers under an adaptive optimizer, else None.
+
+    Measured with windows of steps; ``window`` is the fit's (None: one commit per pass).
+    """
+    outer = getattr(rule, "outer", None)  # the rules with an outer step (model averaging, DelayedNesterov)
+    if outer is None or outer.momentum is not None or not adaptive or num_workers < 8 or window is None:
         return None
     return (
         f"{type(rule).__name__} with block momentum 1 - 1/{num_workers} = {1 - 1 / num_workers:g} and an adaptive "
@@ -244,7 +254,8 @@ class FitPlan:
         """The fit-start warnings for settings measured to train worse (the rule's and ``overlap``'s)."""
         found = [self.rule.setup_warning(self.window, self.num_workers, self.splits_batch),
                  overlap_warning(self.overlap, mode, self.window, self.num_workers),
-                 block_momentum_warning(self.rule, self.adaptive, self.num_workers) if mode == "synchronous" else None]
+                 block_momentum_warning(self.rule, self.adaptive, self.num_workers, self.window)
+                 if mode == "synchronous" else None]
         return [w for w in found if w]
 
     def describe(self) -> str:
@@ -285,7 +296,7 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
     choice = None
     if settings.frequency is None and settings.optimizer.adapts_window and samples:
         params, nbytes = model_size(model)
-        steps_per_pass = max(1, -(-(-(-samples // num_workers)) // per_worker))
+        steps_per_pass = max(1, math.ceil(math.ceil(samples / num_workers) / per_worker))
         choice = WindowChoice.decide(
             floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=estimate_step_ms(params, per_worker, cores),
             commit_ms=estimate_commit_ms(nbytes), steps_per_pass=steps_per_pass, budget=settings.comm_budget,

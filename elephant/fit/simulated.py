@@ -99,7 +99,7 @@ class _Replica:
         self.n = D.num_samples(x)
         self.order = np.arange(self.n)
         self.position = self.n  # the first step starts a pass
-        self.count = len(model.get_weights())
+        self.count = len(model.weights)  # what get_weights returns, without copying it
         self.live: _LiveWeights | None = None
         model.make_train_function()
 
