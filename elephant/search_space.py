@@ -94,14 +94,12 @@ def check_keys(keys, fixed: Mapping[str, Any], accepted: frozenset | None) -> No
 
 def check_space(space: Any, fixed: Mapping[str, Any], params: tuple, seed: int | None, draws: int = 20) -> int | None:
     """Validate ``draws`` sampled points of ``space`` as trials would see them; the largest ``num_workers``."""
-    from hyperopt.pyll import stochastic
-
     accepted, required = params
-    rng, largest = np.random.default_rng(seed), None
-    for _ in range(draws):
-        point = stochastic.sample(space, rng=rng)
+    largest = None
+    for point in _draw(space, seed, draws):
         if not isinstance(point, Mapping):
-            raise ConfigError("`space` must be a dict of names to hyperopt expressions (or sample to one); "
+            raise ConfigError("`space` must be a dict of names to hyperopt expressions (or sample to one) or a "
+                              "callable space(trial) returning a dict; "
                               f"received a space that samples to {type(point).__name__}")
         check_keys(point, fixed, accepted)
         routed = route({**fixed, **point}, accepted)
@@ -114,3 +112,20 @@ def check_space(space: Any, fixed: Mapping[str, Any], params: tuple, seed: int |
             raise ConfigError(f"the space yields invalid elephant settings {routed.settings}: {exc}") from None
         largest = max(largest or 0, settings.get("num_workers") or 0) or None
     return largest
+
+
+def _draw(space: Any, seed: int | None, draws: int):
+    """``draws`` points of ``space``: hyperopt's sampler, or a callable space on random Optuna trials."""
+    from hyperopt import pyll
+    from hyperopt.pyll import stochastic
+
+    if callable(space) and not isinstance(space, pyll.Apply):
+        import optuna
+
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        for _ in range(draws):
+            yield space(study.ask())
+        return
+    rng = np.random.default_rng(seed)
+    for _ in range(draws):
+        yield stochastic.sample(space, rng=rng)
