@@ -39,6 +39,7 @@ __all__ = ["ALGOS", "HyperoptMirror", "resolve_sampler", "run_search", "trial_fr
 ALGOS = ("tpe", "rand", "anneal")
 STATUS = "elephant.status"  # trial user attrs written before each tell
 EPOCHS, ERROR, POINT = "elephant.epochs", "elephant.error", "elephant.point"
+MLFLOW_RUN_ID = "elephant.mlflow_run_id"  # the trial's child run, when the search logs to MLflow
 
 
 def resolve_sampler(sampler: Any = "tpe", algo: Any = None, *, seed: int | None = None, conditional: bool = False):
@@ -156,10 +157,12 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
         raise ConfigError("hyperopt's algorithms need an hp space; a callable space(trial) works with Optuna's "
                           f"samplers {['tpe', 'random', 'qmc', 'cmaes', 'gp', 'nsga2']}")
     make_job = make_job or (lambda number: FitJob(label=f"trial{number}"))
-    study, _ = open_study(get_storage(storage), study_name,
+    study, interrupted = open_study(get_storage(storage), study_name,
                           optuna.samplers.RandomSampler(seed=seed) if hyper else chosen, get_pruner(pruner),
                           space=compiled, metric=metric, mode=mode, retry_interrupted=retry_interrupted)
     mirror = None if isinstance(compiled, CallableSpace) else HyperoptMirror(compiled, seed)
+    if tracker is not None:
+        tracker.start_search(study, interrupted)
     lock, t0 = threading.Lock(), time.monotonic()
     stop_at = None if timeout is None else t0 + timeout
     finished = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
@@ -200,7 +203,10 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
         records.append(trial)
         job = make_job(trial.number)
         job.backup_dir = backup_dir
-        run_id = tracker.start_trial(trial.number, values, trial.params) if tracker is not None else None
+        run_id = tracker.start_trial(trial.number, trial.params) if tracker is not None else None
+        if run_id is not None:
+            with lock:
+                otrial.set_user_attr(MLFLOW_RUN_ID, run_id)
 
         def report(epoch: int, logs: Mapping[str, Any]) -> bool:
             step, value = epoch + 1, logs.get(metric)
