@@ -148,12 +148,13 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     if not isinstance(storage, (str, os.PathLike)):  # a path or URL is opened by the search itself
         get_storage(storage)
     if not isinstance(retry_interrupted, bool):
-        raise ConfigError(f"`retry_interrupted` must be True or False; received retry_interrupted={retry_interrupted!r}")
+        raise ConfigError("`retry_interrupted` must be True or False; received "
+                          f"retry_interrupted={retry_interrupted!r}")
     tracker = None
     if mlflow is not False and mlflow is not None:
         from elephant.search_mlflow import MlflowTracker
 
-        tracker = MlflowTracker.from_argument(mlflow, storage=storage, metric=metric)
+        tracker = MlflowTracker.from_argument(mlflow, storage=storage)
     params = build_params(build_fn)
     largest = check_space(space, fit_kwargs, params, seed)
     spark = spark or session.get_or_create()

@@ -259,7 +259,7 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
                  trial.duration, trial.epochs, metric, trial.score, trial.params,
                  f" error: {trial.error}" if trial.error else "")
 
-    todo = max(0, max_evals - earlier)
+    todo, first_new = max(0, max_evals - earlier), len(records)
     with ThreadPoolExecutor(parallelism, thread_name_prefix="elephant-trial") as pool, \
             tqdm(total=max_evals, initial=min(earlier, max_evals), desc="search", unit="trial",
                  disable=verbose in (0, False, None)) as bar:
@@ -273,8 +273,7 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
                 line = (f"running={len(running)} pruned={sum(t.status == 'pruned' for t in records)} "
                         f"failed={sum(t.status in ('failed', 'timeout') for t in records)}"
                         f" best={'-' if best is None else f'{best.score:.4g}'}")
-                done_count = min(earlier, max_evals) + sum(t.status != "running" for t in records[-started:]) \
-                    if started else min(earlier, max_evals)
+                done_count = min(earlier, max_evals) + sum(t.status != "running" for t in records[first_new:])
                 if (done_count, line) != shown:  # redraw on change only
                     shown = (done_count, line)
                     bar.n = done_count

@@ -70,8 +70,8 @@ class MlflowTracker:
         self.experiment_id: str | None = None
 
     @classmethod
-    def from_argument(cls, value: Any, *, storage: Any = None, metric: str | None = None) -> MlflowTracker:
-        """``minimize``'s ``mlflow``: True, a tracking URI, or a dict (``tracking_uri``, ``experiment``, ``log_model``)."""
+    def from_argument(cls, value: Any, *, storage: Any = None) -> MlflowTracker:
+        """``minimize``'s ``mlflow``: True, a tracking URI or a dict of ``tracking_uri``, ``experiment``, ``log_model``."""
         keys = ("tracking_uri", "experiment", "log_model")
         if value is True:
             return cls(tracking_uri_for(storage))

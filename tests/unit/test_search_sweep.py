@@ -24,7 +24,7 @@ def curve(x, epoch):
 
 
 def stub_fit(epochs=6, seen=None):
-    """An objective that trains ``epochs`` epochs, reporting each, and stops when pruned (as the Keras callback does)."""
+    """An objective that trains ``epochs`` epochs, reports each and stops when pruned (as the Keras callback does)."""
 
     def objective(params, job):
         for epoch in range(epochs):
