@@ -111,7 +111,10 @@ def trial_from_frozen(frozen, space) -> Trial:
         status = "failed"
     point = frozen.user_attrs.get(POINT)
     if point is None:
-        point = space.point(frozen.params)
+        try:
+            point = space.point(frozen.params)
+        except Exception:  # a trial stopped before all its labels were suggested: its raw parameters
+            point = dict(frozen.params)
     error = frozen.user_attrs.get(ERROR) or ("interrupted: the driver stopped while it ran"
                                              if frozen.user_attrs.get(INTERRUPTED) else None)
     duration = (frozen.datetime_complete - frozen.datetime_start).total_seconds() \

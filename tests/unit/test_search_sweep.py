@@ -313,3 +313,12 @@ def test_minimize_checks_the_new_arguments_before_spark(monkeypatch, kwargs, mat
     x = np.zeros((4, 2), dtype="float32")
     with pytest.raises(ConfigError, match=match):
         minimize(build, args.pop("space"), x, np.zeros(4), max_evals=1, validation_split=0.5, **args)
+
+
+def test_a_trial_interrupted_before_its_suggestions_is_retried_with_fresh_ones(tmp_path):
+    path = tmp_path / "sweep.journal"
+    run_search(stub_fit(1), SPACE, max_evals=1, storage=str(path), seed=0)
+    optuna.load_study(study_name="elephant-search", storage=_journal(path)).ask()  # no label suggested yet
+    result = run_search(stub_fit(1), SPACE, max_evals=2, storage=str(path), seed=0)
+    assert [(t.status, t.params == {}) for t in result.trials] == [("ok", False), ("failed", True), ("ok", False)]
+    assert result.trials[2].resumed_from == 1 and -2.0 <= result.trials[2].params["x"] <= 2.0
