@@ -78,8 +78,9 @@ def test_conditional_branches_suggest_only_the_chosen_branch():
 
 def test_a_label_shared_by_two_branches_is_active_in_both():
     space = hp.choice("b", [{"lr": hp.uniform("lr", 0, 1)}, {"lr": hp.uniform("lr", 0, 1), "m": 1}])
-    (b, lr) = compile_space(space).params
-    assert lr.when == (((("b", 0),)), (("b", 1),)) and lr.active({"b": 1}) and not lr.active({})
+    choice, lr = compile_space(space).params
+    assert choice.kind == "choice" and lr.when == ((("b", 0),), (("b", 1),))
+    assert lr.active({"b": 1}) and not lr.active({})
 
 
 @pytest.mark.parametrize(
