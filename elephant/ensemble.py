@@ -25,7 +25,7 @@ import numpy as np
 
 from elephant import combine as C
 from elephant import data as D
-from elephant import session
+from elephant import framework, session
 from elephant.combine import check_combine, check_weights, combine_predictions, vote_shares
 from elephant.errors import ConfigError, DataError, ElephantError
 from elephant.sources import RDDSource, source
@@ -54,12 +54,13 @@ def _members(specs: Sequence[tuple]) -> list:
     from elephant import replicas
     from elephant.model_io import model_from_bytes
 
-    key = tuple(fp for _, fp, _ in specs)
+    framework.enter_task(specs[0][3], "an ensemble task")
+    key = tuple(fp for _, fp, _, _ in specs)
     if key not in _CACHE:
         replicas.limit_threads(1)
         if logging.getLogger("tensorflow").level == logging.NOTSET:  # members' first calls trip TF's
             logging.getLogger("tensorflow").setLevel(logging.ERROR)  # retracing warning: noise
-        _CACHE[key] = [model_from_bytes(b.value, co) for b, _, co in specs]
+        _CACHE[key] = [model_from_bytes(b.value, co) for b, _, co, _ in specs]
         while len(_CACHE) > 2:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
@@ -120,7 +121,7 @@ class Ensemble:
         return self._spark
 
     def _ship(self, sc) -> tuple[list, list]:
-        """One broadcast per member; specs are ``(broadcast, fingerprint, custom_objects)``.
+        """One broadcast per member; specs are ``(broadcast, fingerprint, custom_objects, Keras backend)``.
 
         The fingerprint hashes architecture, compile settings and weights (a
         ``.keras`` archive embeds its save time), so executors keep the members
@@ -129,10 +130,12 @@ class Ensemble:
         from elephant.model_io import model_fingerprint, model_to_bytes
 
         archives, specs = {}, []
+        backend = framework.current_backend()
+        framework.ship(sc, backend)
         for model in self.models:
             fp = model_fingerprint(model)
             archives[fp] = self._archives.get(fp) or model_to_bytes(model)
-            specs.append((sc.broadcast(archives[fp]), fp, self.custom_objects or None))
+            specs.append((sc.broadcast(archives[fp]), fp, self.custom_objects or None, backend))
         self._archives = archives
         return [s[0] for s in specs], specs
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from elephant import arrow as A
 from elephant import data as D
-from elephant import session
+from elephant import framework, session
 from elephant.errors import DataError
 from elephant.model_io import model_fingerprint, model_to_bytes
 from elephant.sources import DataFrameSource, RDDSource, source
@@ -19,15 +19,18 @@ __all__ = ["predict", "evaluate", "ModelShipment"]
 
 
 class ModelShipment:
-    """A model's archive broadcast to executors, rebuilt at most once per Python worker."""
+    """A model's archive broadcast to executors, rebuilt at most once per Python worker of the driver's backend."""
 
     def __init__(self, sc, model, custom_objects=None):
         self.fingerprint = model_fingerprint(model)
         self.broadcast = sc.broadcast(model_to_bytes(model))
         self.custom_objects = custom_objects or None
+        self.backend = framework.current_backend()
+        framework.ship(sc, self.backend)
 
     def spec(self) -> tuple:
-        return (self.broadcast, self.fingerprint, self.custom_objects)
+        """What a task needs: ``(broadcast, fingerprint, custom_objects, backend)``."""
+        return (self.broadcast, self.fingerprint, self.custom_objects, self.backend)
 
     def close(self) -> None:
         self.broadcast.unpersist()
@@ -36,7 +39,8 @@ class ModelShipment:
 def _model(spec):
     from elephant import replicas
 
-    broadcast, fp, custom_objects = spec
+    broadcast, fp, custom_objects, backend = spec
+    framework.enter_task(backend, "an inference task")
     replicas.limit_threads(1)
     return replicas.cached_model(broadcast, fp, "inference", custom_objects)
 
@@ -46,7 +50,8 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
     data = source(x)
     if isinstance(data, DataFrameSource):
         if session.is_connect(x.sparkSession):  # no broadcasts: the model travels in the UDF
-            spec = (model_to_bytes(model), model_fingerprint(model), custom_objects or None)
+            spec = (model_to_bytes(model), model_fingerprint(model), custom_objects or None,
+                    framework.current_backend())
         else:
             spec = ModelShipment(x.sparkSession.sparkContext, model, custom_objects).spec()
         return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)

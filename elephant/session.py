@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 
-from elephant import launch
+from elephant import framework, launch
 from elephant.console import TF_LOG_ENV, TF_LOG_QUIET
 from elephant.errors import ConfigError
 from elephant.launch import is_local
@@ -154,13 +154,14 @@ def configured_master(conf: Mapping[str, str], env: Mapping[str, str]) -> str | 
     return master
 
 
-def session_settings(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+def session_settings(conf: Mapping[str, str], env: Mapping[str, str], backend: str | None = None) -> dict[str, str]:
     """The settings elephant adds to the session it makes; never one the user configured.
 
     With no master configured: the embedded ``local[*]`` session on loopback, with
     the UI, console progress bars and Spark's routine WARN lines off, Python
-    workers reused and forked from :mod:`elephant.daemon`, and TensorFlow's C++
-    start-up lines off in them. A configured local master (``local[4]``) gets
+    workers reused and forked from :mod:`elephant.daemon`, TensorFlow's C++
+    start-up lines off in them, and the driver's Keras backend given to them
+    (``spark.executorEnv.KERAS_BACKEND``). A configured local master (``local[4]``) gets
     the same settings and keeps its value. Any other master (``spark://``,
     ``yarn``, ``k8s://``, ``local-cluster``) keeps the user's configuration:
     only the console progress bars are turned off (and the application named,
@@ -170,6 +171,8 @@ def session_settings(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
     Args:
         conf: the Spark conf a new session starts from (:func:`launch_conf`).
         env: the environment (``os.environ``).
+        backend: the driver's Keras backend; None: the one ``env`` configures
+            (:func:`elephant.framework.configured_backend`).
     """
     master = configured_master(conf, env)
     wanted = {"spark.app.name": "elephant"}
@@ -185,6 +188,7 @@ def session_settings(conf: Mapping[str, str], env: Mapping[str, str]) -> dict[st
             "spark.log.level": "ERROR",
             "spark.python.daemon.module": "elephant.daemon",
             f"spark.executorEnv.{TF_LOG_ENV}": env.get(TF_LOG_ENV) or TF_LOG_QUIET,
+            f"spark.executorEnv.{framework.BACKEND_ENV}": backend or framework.configured_backend(env),
         })
     else:
         wanted["spark.ui.showConsoleProgress"] = "false"
@@ -248,7 +252,7 @@ def get_or_create():
     configured. Without one the embedded session runs ``local[*]`` on loopback
     (:func:`session_settings`), and its Python workers run this interpreter
     (``PYSPARK_PYTHON`` is set to ``sys.executable`` when unset). Its worker
-    daemon is :mod:`elephant.daemon`, which imports TensorFlow once before
+    daemon is :mod:`elephant.daemon`, which imports Keras' framework once before
     forking workers.
     """
     session = active()
@@ -261,7 +265,7 @@ def get_or_create():
         return SparkSession.builder.getOrCreate()
     conf = launch_conf()
     master = configured_master(conf, os.environ)
-    settings = session_settings(conf, os.environ)
+    settings = session_settings(conf, os.environ, framework.current_backend())
     if master is None or is_local(master):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -293,6 +297,7 @@ def local_session(master: str, app_name: str):
         .config("spark.log.level", "ERROR")
         .config("spark.python.daemon.module", "elephant.daemon")
         .config(f"spark.executorEnv.{TF_LOG_ENV}", os.environ.get(TF_LOG_ENV) or TF_LOG_QUIET)
+        .config(f"spark.executorEnv.{framework.BACKEND_ENV}", framework.current_backend())
         .getOrCreate()
     )
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-from elephant import session
+from elephant import framework, session
 from elephant.config import FitArgs, Settings, check_verbose, refuse_unsupported
 from elephant.errors import ConfigError
 from elephant.fit.report import FitReport
@@ -33,9 +33,11 @@ def _check_model(model: Any) -> None:
     try:
         import keras
     except ImportError as exc:  # pragma: no cover
-        raise ConfigError("elephant needs keras (tensorflow>=2.21)") from exc
+        raise ConfigError("elephant needs Keras 3 and a backend for it: pip install 'elephant[tensorflow]' "
+                          "(or elephant[jax], elephant[torch])") from exc
     if not isinstance(model, keras.Model):
         raise ConfigError(f"`model` must be a keras.Model; received {type(model).__name__}")
+    framework.check_supported(keras.config.backend())
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         raise ConfigError(
             "`model` must be compiled before it is given to SparkModel: call "
@@ -70,8 +72,8 @@ class SparkModel:
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.
         spark: a SparkSession; default: the active one, else an embedded local one.
-            Creating a SparkModel starts Spark's Python workers (TensorFlow
-            imported) in the background, once per SparkContext, so the first
+            Creating a SparkModel starts Spark's Python workers (Keras and its
+            backend's framework imported) in the background, once per SparkContext, so the first
             fit does not wait for them (:mod:`elephant.warmup`; the conf
             ``spark.elephant.warmUp=false`` turns it off).
         custom_objects: custom layers/losses needed to rebuild the model on workers.
@@ -117,6 +119,14 @@ class SparkModel:
             bounds accuracy needs (at least the rule's own window, at most 128
             steps and at least 8 synchronisations per pass over a partition).
             The decision and its inputs are logged and in ``sm.fit_plan``.
+
+    The fit runs on the driver's Keras backend (TensorFlow, JAX or torch); the
+    executors' Python workers get the same one (:mod:`elephant.framework`),
+    and GPUs that Spark assigns tasks are placed as :mod:`elephant.gpu` says.
+
+    Raises:
+        ConfigError: ``model`` is not a compiled ``keras.Model``, Keras runs an
+            inference-only backend (numpy, openvino), or a setting is invalid.
     """
 
     def __init__(

@@ -1,16 +1,20 @@
-"""Start Spark's Python workers, with TensorFlow in them, before the first fit needs them.
+"""Start Spark's Python workers, with Keras and its framework in them, before the first fit needs them.
 
 The first Spark job of a session pays for starting its Python workers and for
-importing TensorFlow and Keras in them: about 6 s on a 2-core machine
-(``benchmarks/first_fit.py``). A :class:`SparkModel <elephant.SparkModel>`
-therefore starts a tiny job in a background thread when it is created: one task
-per task slot (at most ``num_workers``) that imports Keras and TensorFlow. (A
+importing Keras and its framework (TensorFlow, JAX or torch) in them: about 6 s
+with TensorFlow on a 2-core machine (``benchmarks/first_fit.py``). A
+:class:`SparkModel <elephant.SparkModel>` therefore starts a tiny job in a
+background thread when it is created: one task per task slot (at most
+``num_workers``) that does what a fit's task does first (the driver's Keras
+backend set, the task's GPUs placed: :func:`elephant.framework.enter_task`)
+and imports Keras and the driver's framework. (A
 train step on a toy model as well was measured: no gain after a gap, 1 s lost
 when the fit came at once, so it is not done.)
 Spark reuses those Python workers for the fit's tasks
-(``spark.python.worker.reuse``, on by default), so the time the user spends
-preparing data between ``SparkModel(...)`` and ``fit`` is taken off the first
-fit. Without an active session the thread also makes the embedded one (and
+(``spark.python.worker.reuse``, on by default; the driver's backend is in
+``sc.environment`` before the job, so they are the fit's pool), so the time the
+user spends preparing data between ``SparkModel(...)`` and ``fit`` is taken off
+the first fit. Without an active session the thread also makes the embedded one (and
 the first ``fit``, on the main thread, installs the Ctrl-C handler PySpark
 installs only when a session is made there: cancel all jobs, then raise
 ``KeyboardInterrupt``).
@@ -19,15 +23,19 @@ It runs once per SparkContext. ``fit``, ``evaluate`` and ``predict`` do not wait
 for it: their jobs queue behind it in Spark's scheduler and run in the workers
 it started, while the driver prepares the fit meanwhile (waiting for it before
 that preparation was measured 0.75 s slower when the fit came at once). A failure is logged and otherwise ignored: the fit then starts the workers
-itself. Set ``spark.elephant.warmUp=false`` in the session's conf to turn it off.
+itself (and raises what was wrong, such as a GPU request on a local master). Set
+``spark.elephant.warmUp=false`` in the session's conf to turn it off.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
 from typing import Any
+
+from elephant import framework, gpu
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +54,22 @@ _LOCK = threading.Lock()
 LINGER = 0.3
 
 
-def _warm_task(_: Any):
-    """In a Python worker: import Keras with its TensorFlow backend (the slow part of a first task)."""
+def _warm_task(_: Any, backend: str = ""):
+    """In a Python worker: a task's start, and Keras with its ``backend`` imported (the slow part of a first task).
+
+    ``backend`` ``""``: the one the worker's environment configures.
+    """
     import os
     import sys
     import time
 
-    from elephant.console import TF_LOG_ENV, TF_LOG_QUIET, quiet_tensorflow_import
+    from elephant.console import TF_LOG_ENV, TF_LOG_QUIET
 
     preloaded = "keras" in sys.modules
+    framework.enter_task(backend, "the warm-up task")  # before Keras: the backend and the task's GPUs
     os.environ.setdefault(TF_LOG_ENV, TF_LOG_QUIET)
-    with quiet_tensorflow_import():  # TensorFlow's start-up lines ignore TF_CPP_MIN_LOG_LEVEL
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
+    framework.preload(backend or framework.configured_backend())
+    import keras  # noqa: F401  (after preload: under torch, preload leaves Keras to the task)
 
     if preloaded:
         time.sleep(LINGER)
@@ -72,11 +83,14 @@ class WarmUp:
         spark: the session to warm, or None for the active (else embedded) one.
         num_workers: tasks to start, at most the cluster's task slots; None for
             every slot.
+        backend: the Keras backend the workers get; None (default): the driver's
+            (:func:`elephant.framework.current_backend`).
     """
 
-    def __init__(self, spark: Any, num_workers: int | None):
+    def __init__(self, spark: Any, num_workers: int | None, backend: str | None = None):
         self._spark = spark
         self._num_workers = num_workers
+        self.backend = backend or framework.current_backend()
         self.pids: list[int] = []  # Python worker processes that ran a warm-up task
         self.session: Any = spark  # the session warmed (made here when ``spark`` is None and none is active)
         self.made_session = False
@@ -85,11 +99,11 @@ class WarmUp:
         self._thread = threading.Thread(target=self._run, name="elephant-warm-up", daemon=True)
 
     @classmethod
-    def start(cls, spark: Any, num_workers: int | None) -> WarmUp | None:
+    def start(cls, spark: Any, num_workers: int | None, backend: str | None = None) -> WarmUp | None:
         """Start warming ``spark`` (None: the active or embedded session) unless it is not a classic session."""
         if spark is not None and not _is_classic_session(spark):
             return None  # Spark Connect or a stand-in: nothing to warm here
-        warm = cls(spark, num_workers)
+        warm = cls(spark, num_workers, backend)
         warm._thread.start()
         return warm
 
@@ -124,13 +138,17 @@ class WarmUp:
             if other is not None:  # another SparkModel of this context warms it: wait for that one
                 other.wait()
                 return
+            framework.ship(sc, self.backend)  # the fit's pool of Python workers, not another
+            gpu.check_request({gpu.TASK_AMOUNT_KEY: conf.get(gpu.TASK_AMOUNT_KEY, None)}, getattr(sc, "master", ""),
+                              self.backend, getattr(sc, "environment", {}))
             import elephant.ps.app  # noqa: F401 - the driver's parameter server stack (Flask), imported meanwhile
 
             tasks = session.task_slots(sc)
             if self._num_workers is not None:
                 tasks = min(tasks, self._num_workers)
-            sc.setJobDescription("elephant: start Python workers and TensorFlow")
-            self.pids = sc.parallelize(range(tasks), tasks).mapPartitions(_warm_task).collect()
+            sc.setJobDescription(f"elephant: start Python workers and Keras ({self.backend})")
+            task = functools.partial(_warm_task, backend=self.backend)
+            self.pids = sc.parallelize(range(tasks), tasks).mapPartitions(task).collect()
             log.debug("warm-up ran in Python workers %s", self.pids)
         except Exception as exc:  # best effort: the fit starts the workers itself
             self.error = exc

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
+from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import limit_threads, training_model, weight_access, weighted_metric_keys
@@ -59,6 +60,7 @@ class TaskSpec:
     overlap: bool = False  # keep training while a commit is in flight
     learning_rate: float | None = None  # the driver's compiled rate this epoch (None: a schedule, left alone)
     ps_run: str = ""  # the run id the PS accepts for this epoch's try ("": ``run``); new after a rollback
+    backend: str = ""  # the driver's Keras backend, which the task's Keras must run ("": the process's own, unchecked)
 
     @property
     def commit_run(self) -> str:
@@ -246,13 +248,15 @@ def run_partition(
     """Train one partition for one epoch; returns ``[stats]`` for the driver.
 
     ``stats`` holds the partition's local training loss and metrics (means over
-    its steps), ``samples``, ``steps``, ``commits`` and timing figures.
+    its steps), ``samples``, ``steps``, ``commits``, timing figures and the
+    task's ``device`` (``"gpu:<ids>"`` or ``"cpu"``, :mod:`elephant.gpu`).
     """
     t_start = time.perf_counter()
+    device = enter_task(spec.backend, f"partition {partition} of run {spec.run}")
     limit_threads(cores)
     block = next(D.concat_blocks(blocks), None)
     n = 0 if block is None else D.num_samples(block[0])
-    base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0}
+    base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0, "device": device}
     if n == 0:
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]

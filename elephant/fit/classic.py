@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from elephant import data as D
-from elephant import session
+from elephant import framework, gpu, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import DataError
 from elephant.fit.epoch import collect_checked
@@ -69,6 +69,8 @@ class ClassicRun:
     def __init__(self, model, settings: Settings, spark, data: Source, args: FitArgs):
         self.sc = spark.sparkContext
         self.settings = settings
+        framework.ship(self.sc, framework.current_backend())  # before the first job: its Python workers are the fit's
+        self.devices = gpu.describe_request(dict(self.sc.getConf().getAll()))
         self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
         self.samples = self.rdd.elephant_samples
         self._server, self._broadcast, self._group = None, None, None
@@ -81,6 +83,10 @@ class ClassicRun:
         settings = self.settings
         session.check_barrier_slots(self.num_workers, session.task_slots(self.sc), settings.optimizer.staleness_bound,
                                     settings.mode)
+
+    def check_devices(self, backend: str) -> None:
+        """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
+        gpu.check_request(dict(self.sc.getConf().getAll()), self.sc.master, backend, self.sc.environment)
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
         """Broadcast the model and start the server: ``(the tasks' model_bytes, the server's url)``."""

@@ -37,7 +37,7 @@ import numpy as np
 from elephant import arrow as A
 from elephant import checkpoint
 from elephant import data as D
-from elephant import session
+from elephant import gpu, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 from elephant.fit.epoch import collect_checked
@@ -77,8 +77,9 @@ def _conf(spark, keys) -> dict[str, str | None]:
     return {key: spark.conf.get(key, None) for key in keys}
 
 
+_PREALLOCATE_KEY = "spark.executorEnv.XLA_PYTHON_CLIENT_PREALLOCATE"
 _CONF_KEYS = ("spark.master", "spark.task.cpus", "spark.executor.instances", "spark.executor.cores",
-              session.PS_PORTS_KEY)
+              session.PS_PORTS_KEY, gpu.TASK_AMOUNT_KEY, _PREALLOCATE_KEY)
 
 
 class HostedRun:
@@ -143,6 +144,17 @@ class HostedRun:
 
     def check_slots(self) -> None:
         """Checked when the run was made (every mode needs all its workers at once here)."""
+
+    @property
+    def devices(self) -> str:
+        """The devices the tasks ask for, for the fit's first log line."""
+        return gpu.describe_request(self._conf)
+
+    def check_devices(self, backend: str) -> None:
+        """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`), as far as the conf tells."""
+        preallocate = self._conf.get(_PREALLOCATE_KEY)
+        gpu.check_request(self._conf, self._conf.get("spark.master") or "", backend,
+                          {} if preallocate is None else {"XLA_PYTHON_CLIENT_PREALLOCATE": preallocate})
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
         """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""

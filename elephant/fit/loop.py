@@ -22,14 +22,14 @@ import numpy as np
 
 from elephant import checkpoint
 from elephant import data as D
-from elephant import session
+from elephant import framework, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 from elephant.fit.backup import in_callback_order, resume_from_backup, save_backup
 from elephant.fit.epoch import run_epoch
 from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
-                                   validates_after)
+                                   task_devices, validates_after)
 from elephant.fit.report import FitReport
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.sources import Source, source
@@ -138,14 +138,15 @@ def follow_learning_rate(local, previous: float | None, store) -> float | None:
     return rate
 
 
-def _start(model, settings: Settings, args: FitArgs, runner) -> FitPlan:
-    """Check the cluster, plan the fit and log the plan and its warnings."""
+def _start(model, settings: Settings, args: FitArgs, runner, backend: str) -> FitPlan:
+    """Check the cluster (its task slots, its GPUs for ``backend``), plan the fit and log the plan and its warnings."""
     runner.check_slots()
+    runner.check_devices(backend)
     plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples)
     for warning in plan.warnings(settings.mode) + [batch_hook_warning(args.callbacks)]:
         if warning:
             log.warning(warning)
-    log.info(plan.describe())
+    log.info("%s; Keras backend %s, devices: %s", plan.describe(), backend, runner.devices)
     if plan.window_choice is not None:
         log.info("window decision: %s", plan.window_choice.describe())
     return plan
@@ -168,7 +169,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     mode, epochs, samples = settings.mode, args.epochs, runner.samples
     val = tuple(args.validation_data) if args.validation_data is not None else runner.val
     barrier = runner.barrier(mode)
-    plan = _start(model, settings, args, runner)
+    backend = framework.current_backend()
+    plan = _start(model, settings, args, runner, backend)
     report.plan = plan.as_dict()
     rule, num_workers, run = plan.rule, plan.num_workers, report.run
 
@@ -208,7 +210,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
-                learning_rate=rate, ps_run=store.run,
+                learning_rate=rate, ps_run=store.run, backend=backend,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             try:
@@ -218,6 +220,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             finally:
                 progress.stop()
             logs = aggregate_logs(results)
+            if epoch == initial_epoch:
+                log.info("the tasks ran on %s", task_devices(results))
             plan = _recheck(plan, results, report)
             model.set_weights(store.center())
             if val is not None and validates_after(epoch, args.validation_freq):

@@ -12,7 +12,7 @@ from typing import Any
 
 from elephant.inference import mean_logs
 
-__all__ = ["LiveProgress", "aggregate_logs", "batch_hook_warning", "callback_list", "staleness_mean",
+__all__ = ["LiveProgress", "aggregate_logs", "batch_hook_warning", "callback_list", "staleness_mean", "task_devices",
            "validates_after"]
 
 
@@ -20,6 +20,12 @@ def aggregate_logs(results: list[dict[str, Any]]) -> dict[str, float]:
     """The epoch's training logs from the partitions' own (see :func:`elephant.inference.mean_logs`)."""
     return mean_logs([(r["samples"], r.get("logs"), r.get("weight_sum", r["samples"]), r.get("weighted_keys", ()))
                       for r in results])
+
+
+def task_devices(results: list[dict[str, Any]]) -> str:
+    """The devices the partitions reported, for a log line: ``"partition 0: gpu:0, partition 1: gpu:1"``."""
+    return ", ".join(f"partition {r['partition']}: {r.get('device', 'cpu')}"
+                     for r in sorted(results, key=lambda r: r["partition"]))
 
 
 def staleness_mean(before: dict, after: dict) -> float | None:

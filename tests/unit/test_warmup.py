@@ -65,7 +65,7 @@ def test_one_task_per_slot_at_most_num_workers_and_once_per_context():
     sc = _FakeContext(slots=4)
     first = _run(sc, 3)
     assert sc.jobs == [3] and first.pids == [os.getpid()] * 3 and first.error is None
-    assert sc.descriptions == ["elephant: start Python workers and TensorFlow"]
+    assert sc.descriptions == ["elephant: start Python workers and Keras (tensorflow)"]
     second = _run(sc, None)  # a second SparkModel of the same context submits nothing
     assert sc.jobs == [3] and second.pids == []
     other = _FakeContext(slots=2)
