@@ -158,15 +158,17 @@ def main() -> None:
     from importlib.metadata import version
 
     versions = {name: version(name) for name in ("keras", *FRAMEWORK.values()) if importlib.util.find_spec(name)}
-    meta = {"epochs": args.epochs, "signals": args.signals, "threads": args.threads, "versions": versions, "skipped": skipped,
+    meta = {"epochs": args.epochs, "signals": args.signals, "threads": args.threads, "versions": versions,
+            "skipped": skipped,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                         "load_average_at_end": os.getloadavg()},
-            "note": ("Medians on a shared machine whose other users' load varies during the run: compare "
-                     "figures within one backend's row, and across backends only as rough orders. Threads "
-                     "capped by elephant.replicas.limit_threads(threads), as in a Spark task (on JAX only at 1 thread, "
-                     "through XLA_FLAGS; uncapped, torch's 2 OpenMP threads took 205 ms per digits step here "
-                     "against 2.9 ms with 1, the host being oversubscribed). The stepper's step includes reading the loss as a "
-                     "float; fit's per-step figure is an epoch's time over its steps, callbacks included.")}
+            "note": ("Medians on a shared 2-core machine whose other users' load varied during the run: "
+                     "repeated runs moved single figures by up to 3-4x, so compare the figures of one row, and "
+                     "backends only as rough orders. Threads capped by elephant.replicas.limit_threads(threads), "
+                     "as in a Spark task (JAX is capped only at 1 thread, through XLA_FLAGS). Uncapped, torch's 2 "
+                     "OpenMP threads took 205 ms per digits step on this oversubscribed host against 2.9 ms with "
+                     "1. The stepper's step includes reading the loss as a float; fit's per-step figure is an "
+                     "epoch's time over its steps, callbacks included.")}
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "backends.json"), "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)

@@ -62,7 +62,11 @@ class Stepper:
         self.model.reset_metrics()
 
     def step(self, batch: tuple) -> dict[str, Any]:
-        """Train on one batch ``(x, y, sample_weight)``; returns Keras' logs (metrics accumulated since :meth:`begin_pass`)."""
+        """Train on one batch ``(x, y, sample_weight)``.
+
+        Returns:
+            Keras' logs (backend scalars): the loss and metrics accumulated since :meth:`begin_pass`.
+        """
         return self.model.train_function([batch])
 
     def get_weights(self) -> list[np.ndarray]:
