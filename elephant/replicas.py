@@ -47,14 +47,51 @@ def _value(maybe_broadcast: Any) -> bytes:
 
 
 def limit_threads(cores: int) -> None:
-    """Limit TensorFlow to the task's cores (effective before TF first runs here)."""
+    """Cap the running Keras backend's CPU threads at the task's cores, once per process.
+
+    - TensorFlow: its intra-op pool at ``cores`` and inter-op pool at
+      ``min(cores, 2)``, through ``TF_NUM_*`` (unless set) and ``tf.config``
+      (effective before TensorFlow first runs in the process).
+    - PyTorch: ``torch.set_num_threads(cores)`` (and the inter-op pool at
+      ``min(cores, 2)`` if nothing ran in parallel yet).
+    - JAX: not cleanly cappable (jax-ml/jax#1539). With one core, and only if
+      ``XLA_FLAGS`` is unset and JAX's backends have not started,
+      ``XLA_FLAGS`` is set to run XLA's CPU kernels single-threaded; otherwise
+      JAX uses every core of the host (set ``XLA_FLAGS`` yourself).
+
+    Args:
+        cores: the task's CPU cores (``spark.task.cpus``); at least 1 is used.
+    """
     global _THREADS_SET
     if _THREADS_SET:
         return
     cores = max(1, int(cores))
+    _tensorflow_environment(cores)  # before keras imports TensorFlow, if that is the backend
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        _limit_tensorflow(cores)
+    elif backend == "torch":
+        import torch
+
+        torch.set_num_threads(cores)
+        try:
+            torch.set_num_interop_threads(min(cores, 2))
+        except RuntimeError:  # inter-op work already ran in this process
+            pass
+    elif backend == "jax":
+        _limit_jax(cores)
+    _THREADS_SET = True
+
+
+def _tensorflow_environment(cores: int) -> None:
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(cores))
     os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(min(cores, 2)))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _limit_tensorflow(cores: int) -> None:
     try:
         import tensorflow as tf
 
@@ -62,7 +99,21 @@ def limit_threads(cores: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(min(cores, 2))
     except (RuntimeError, ImportError):  # TF already initialised in this process
         pass
-    _THREADS_SET = True
+
+
+def _limit_jax(cores: int) -> None:
+    from jax._src import xla_bridge  # private: whether XLA_FLAGS can still take effect
+
+    started = getattr(xla_bridge, "backends_are_initialized", lambda: True)()
+    if cores == 1 and "XLA_FLAGS" not in os.environ and not started:
+        os.environ["XLA_FLAGS"] = _JAX_ONE_THREAD
+        log.debug("JAX threads: XLA_FLAGS=%r", _JAX_ONE_THREAD)
+    else:
+        log.debug("JAX threads not capped (cores=%d, XLA_FLAGS=%r, backends started: %s)", cores,
+                  os.environ.get("XLA_FLAGS"), started)
+
+
+_JAX_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
 def cached_model(model_bytes: Any, fingerprint: str, key: str = "", custom_objects=None):
@@ -131,62 +182,23 @@ def training_model(spec):
 
 
 class WeightAccess:
-    """``get_weights``/``set_weights`` of a training replica in one TensorFlow call each.
+    """``get``/``set`` of all of a model's weights as numpy: the model's :func:`elephant.backends.stepper`.
 
-    Keras' own methods convert and assign variable by variable: for the 8-variable
-    Conv1D of ``benchmarks/end_to_end.py`` they took 1.2-1.4 and 3.2-3.3 ms here,
-    against 0.3-0.5 ms for one traced function that reads every variable and
-    0.6-0.9 ms for one that assigns them all from a flat buffer per dtype (called
-    as concrete functions: 0.15 and 0.24 ms in a later run where calling the
-    ``tf.function`` took 0.25 and 0.46 ms). A commit
-    reads and writes the weights once each, so at one commit per step this is most
-    of the worker's share of the round trip. Other Keras backends get Keras' methods.
+    Kept for callers of the TensorFlow-only class this was; new code uses the
+    stepper's ``get_weights``/``set_weights``.
     """
 
     def __init__(self, model):
-        import keras
+        from elephant.backends import stepper
 
         self.model = model
-        self._read = self._write = None
-        variables = list(model.weights) if isinstance(model, keras.Model) else []
-        if keras.backend.backend() != "tensorflow" or not variables:
-            return  # another backend, or a test double with get_weights/set_weights
-        import tensorflow as tf
-
-        tvars = [v.value for v in variables]
-        shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        groups: dict[np.dtype, list[int]] = {}
-        for i, v in enumerate(tvars):
-            groups.setdefault(np.dtype(v.dtype.as_numpy_dtype), []).append(i)
-        self._groups = list(groups.items())
-        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-
-        def read():
-            return [t.read_value() for t in tvars]
-
-        def write(flats):
-            for (_, members), flat in zip(self._groups, flats):
-                for i, part in zip(members, tf.split(flat, [sizes[i] for i in members])):
-                    tvars[i].assign(tf.reshape(part, shapes[i]))
-
-        signature = [tf.TensorSpec([sum(sizes[i] for i in members)], tf.as_dtype(dtype))
-                     for dtype, members in self._groups]
-        # Concrete functions: calling a tf.function re-binds and hashes its arguments to find
-        # the trace each time (about 0.1 ms for the read and 0.2 ms for the write here).
-        self._read = tf.function(read, autograph=False).get_concrete_function()
-        self._write = tf.function(write, input_signature=[signature], autograph=False).get_concrete_function()
+        self._stepper = stepper(model)
 
     def get(self) -> list[np.ndarray]:
-        if self._read is None:
-            return self.model.get_weights()
-        return [np.array(t) for t in self._read()]
+        return self._stepper.get_weights()
 
     def set(self, weights) -> None:
-        if self._write is None:
-            self.model.set_weights(weights)
-            return
-        self._write([np.concatenate([np.asarray(weights[i], dtype=dtype).ravel() for i in members])
-                     for dtype, members in self._groups])
+        self._stepper.set_weights(weights)
 
 
 _ACCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
+from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, merge_reply
-from elephant.replicas import limit_threads, training_model, weight_access, weighted_metric_keys
+from elephant.replicas import limit_threads, training_model, weighted_metric_keys
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class _Window:
 
     def __init__(self, model, client, spec: TaskSpec, partition: int, attempt: int, n: int):
         self.model, self.client, self.spec = model, client, spec
-        self.weights = weight_access(model)
+        self.stepper = stepper(model)
         self.partition, self.attempt = partition, attempt
         self.sizes = _batch_sizes(n, spec.batch_size)
         self.step = 0  # local steps done this pass
@@ -112,7 +113,7 @@ class _Window:
         reply = client.pull(partition, epoch=spec.epoch)
         self.pulled = reply.center
         self.base_clock = reply.clock
-        self.weights.set(reply.center)
+        self.stepper.set_weights(reply.center)
         self.state = spec.optimizer.worker_init(reply.center)
 
     def after_step(self) -> None:
@@ -140,7 +141,7 @@ class _Window:
 
         t0 = time.perf_counter()
         opt = self.spec.optimizer
-        weights = self.weights.get()
+        weights = self.stepper.get_weights()
         if not all(all_finite(w) for w in weights):
             self.diverge()
             return
@@ -168,12 +169,12 @@ class _Window:
         future, sent = self._inflight
         self._inflight = None
         reply = future.result()  # a failed commit raises here, in the training thread
-        self._adopt(reply, sent, self.weights.get())
+        self._adopt(reply, sent, self.stepper.get_weights())
         self.comm_seconds += time.perf_counter() - t0
 
     def _adopt(self, reply, sent: list[np.ndarray], now: list[np.ndarray]) -> None:
         new_weights, self.state = merge_reply(self.spec.optimizer, self.state, reply, sent, now)
-        self.weights.set(new_weights)
+        self.stepper.set_weights(new_weights)
         self.pulled, self.base_clock = reply.center, reply.clock
 
     def close(self) -> None:
@@ -215,19 +216,20 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) 
     """One pass over the block with Keras' compiled train step; commits via ``window``.
 
     ``model.fit`` costs ~0.1-0.2 s of set-up per call, which dominates short
-    partitions, so the pass drives Keras' compiled ``train_function`` directly:
-    one step per batch, metrics accumulated as in ``fit`` (reset once per pass).
+    partitions, so the pass drives Keras' compiled train function directly
+    through the window's :class:`~elephant.backends.Stepper`: one step per
+    batch, metrics accumulated as in ``fit`` (reset once per pass). The caller
+    syncs the stepper's state back into ``model`` after the pass's last commit.
     """
     n = D.num_samples(x)
     if spec.shuffle:  # seeded: a retried task replays the samples of the attempt it replaces, in order
         order = np.random.default_rng(shuffle_seed(spec.run, spec.epoch, window.partition)).permutation(n)
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
-    model.make_train_function()
-    model.reset_metrics()
+    window.stepper.begin_pass()
     logs: dict[str, Any] = {}
     for start in range(0, n, spec.batch_size):
         batch = slice(start, start + spec.batch_size)
-        logs = model.train_function(iter([(D.take(x, batch), D.take(y, batch), D.take(w, batch))]))
+        logs = window.stepper.step((D.take(x, batch), D.take(y, batch), D.take(w, batch)))
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             window.diverge()  # as Keras' TerminateOnNaN, but the center never sees the NaN
         else:
@@ -272,6 +274,7 @@ def run_partition(
         window.settle()
     finally:
         window.close()
+        window.stepper.sync_to_model()  # the replica's optimizer state and metrics, for the next task and the stats
     client.finish(spec.commit_run, spec.epoch, partition, attempt)
     return [
         dict(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
+from elephant.backends import stepper
 from elephant.config import Settings, check_positive_int
 from elephant.errors import ConfigError
 from elephant.fit.plan import plan_fit
@@ -77,7 +78,7 @@ class _LiveWeights(Sequence):
         if self.arrays is None:
             if self.replica.live is not self:
                 raise RuntimeError("the weights of an earlier local step were read after the replica stepped on")
-            self.arrays = self.replica.model.get_weights()
+            self.arrays = self.replica.stepper.get_weights()
         return self.arrays
 
     def __len__(self) -> int:
@@ -101,18 +102,19 @@ class _Replica:
         self.position = self.n  # the first step starts a pass
         self.count = len(model.weights)  # what get_weights returns, without copying it
         self.live: _LiveWeights | None = None
-        model.make_train_function()
+        self.stepper = stepper(model)
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
             self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
             self.position = 0
+            self.stepper.begin_pass()
         if weights is not self.live:  # a pull or a reply replaced the local weights
-            self.model.set_weights(list(weights))
+            self.stepper.set_weights(list(weights))
         index = self.order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         batch = (D.take(self.x, index), D.take(self.y, index), None)
-        self.model.train_function(iter([batch]))
+        self.stepper.step(batch)
         self.live = _LiveWeights(self)
         return self.live
 

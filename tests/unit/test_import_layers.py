@@ -22,7 +22,7 @@ LAYERS = [
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire"]),
     ("pure state and checks", ["ps.rounds", "ps.store", "data", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
-    ("Keras worker", ["worker", "replicas", "framework", "gpu"]),
+    ("Keras worker", ["worker", "replicas", "backends", "framework", "gpu"]),
     ("Spark", ["session", "launch", "warmup", "daemon"]),
     ("inputs, fit and inference", ["sources", "fit", "fit.*", "inference"]),
     ("façades", ["spark_model", "search", "search_space", "search_compile", "search_study", "search_result",
