@@ -19,7 +19,8 @@ Each process first calls ``elephant.replicas.limit_threads(--threads)`` (default
 Spark task does.
 
 Run:  python benchmarks/backends.py [--epochs 4] [--signals 4096] [--threads 1] [--backends tensorflow,jax,torch]
-Writes benchmarks/results/backends.json. Timings on a shared machine are noisy.
+Writes benchmarks/results/backends.json (``--out`` another file). Each row names the device the
+step ran on: a backend that finds a GPU uses it, so the same script measures a GPU machine. Timings on a shared machine are noisy.
 """
 
 from __future__ import annotations
@@ -99,6 +100,21 @@ def _stepper_ms(build, x, y, batch_size: int, epochs: int) -> dict[str, float]:
             "set_ms": statistics.median(set_ms), "stepper": type(s).__name__}
 
 
+def _device(backend: str) -> str:
+    """Where Keras runs the step on this backend: ``"cpu"``, or the accelerator's platform (``"gpu"``, ``"cuda"``)."""
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].platform
+    if backend == "torch":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
 def child(backend: str, epochs: int, signals: int, threads: int) -> None:
     """Measure every workload under ``backend`` (already in ``KERAS_BACKEND``); print one JSON line."""
     from elephant.replicas import limit_threads
@@ -107,9 +123,11 @@ def child(backend: str, epochs: int, signals: int, threads: int) -> None:
     import keras
 
     assert keras.backend.backend() == backend, (keras.backend.backend(), backend)
+    device = _device(backend)
     rows = []
     for name, x, y, build, batch_size in _workloads(signals):
-        row = {"backend": backend, "workload": name, "threads": threads, "samples": len(x), "batch_size": batch_size,
+        row = {"backend": backend, "device": device, "workload": name, "threads": threads, "samples": len(x),
+               "batch_size": batch_size,
                "steps_per_epoch": -(-len(x) // batch_size)}
         row["fit_ms_per_step"] = _fit_ms_per_step(build, x, y, batch_size, epochs)
         row.update(_stepper_ms(build, x, y, batch_size, epochs))
@@ -125,6 +143,7 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--threads", type=int, default=1,
                         help="elephant.replicas.limit_threads(THREADS) in each backend's process, as a task does")
+    parser.add_argument("--out", default=os.path.join(RESULTS, "backends.json"), help="the results file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -147,10 +166,10 @@ def main() -> None:
             continue
         rows += json.loads(lines[-1][5:])
 
-    print(f"{'backend':<12}{'workload':<20}{'fit ms/step':>12}{'stepper ms/step':>16}{'x fit':>7}"
+    print(f"{'backend':<12}{'device':<8}{'workload':<20}{'fit ms/step':>12}{'stepper ms/step':>16}{'x fit':>7}"
           f"{'get ms':>8}{'set ms':>8}")
     for r in rows:
-        print(f"{r['backend']:<12}{r['workload']:<20}{r['fit_ms_per_step']:>12.2f}{r['stepper_ms_per_step']:>16.2f}"
+        print(f"{r['backend']:<12}{r['device']:<8}{r['workload']:<20}{r['fit_ms_per_step']:>12.2f}{r['stepper_ms_per_step']:>16.2f}"
               f"{r['stepper_over_fit']:>7.2f}{r['get_ms']:>8.3f}{r['set_ms']:>8.3f}")
     for backend, why in skipped.items():
         print(f"{backend}: skipped ({why})")
@@ -169,8 +188,8 @@ def main() -> None:
                      "OpenMP threads took 205 ms per digits step on this oversubscribed host against 2.9 ms with "
                      "1. The stepper's step includes reading the loss as a float; fit's per-step figure is an "
                      "epoch's time over its steps, callbacks included.")}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "backends.json"), "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
 
 

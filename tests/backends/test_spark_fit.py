@@ -1,0 +1,90 @@
+"""One small Spark fit per Keras backend: each mode's default ends where the user's own ``model.fit`` does.
+
+Under TensorFlow (the default suite) the integration tests cover this, so the module
+runs only when the process's backend is another one (``.ci/run`` runs ``tests/backends``
+under JAX and under torch). One ``local[2]`` session, its Python workers forked from
+elephant's daemon, which preloads the configured framework.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from tests.integration.helpers import accuracy, digits_model
+
+BACKEND = keras.config.backend()
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's Spark fits are tests/integration's"),
+]
+
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"elephant-backend-{BACKEND}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.daemon.module", "elephant.daemon")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    return train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+
+
+@pytest.fixture(scope="module")
+def plain_accuracy(digits):
+    x_train, x_test, y_train, y_test = digits
+    model = digits_model()
+    model.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+    return accuracy(model, x_test, y_test)
+
+
+def test_python_workers_run_the_drivers_backend(spark):
+    def probe(_):
+        import keras as worker_keras
+
+        yield worker_keras.config.backend()
+
+    seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
+    assert seen == [BACKEND, BACKEND]
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+def test_default_matches_plain_keras(spark, digits, plain_accuracy, mode):
+    from elephant import SparkModel
+
+    x_train, x_test, y_train, y_test = digits
+    sm = SparkModel(digits_model(), mode=mode, num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+    acc = accuracy(sm.model, x_test, y_test)
+    assert len(history.history["loss"]) == EPOCHS
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    # 3 points: 13-14 of the 450 test samples
+    assert acc >= plain_accuracy - 0.03, f"{BACKEND}/{mode}: {acc:.3f} against plain Keras' {plain_accuracy:.3f}"
