@@ -49,6 +49,29 @@ def plan_workers(slots: int, parallelism: int, requested: int | None = None) -> 
     return workers
 
 
+def search_slots(spark, x, y) -> int:
+    """The task slots the trials share; under Spark Connect, as the cluster's conf states them (1 if it does not).
+
+    Raises:
+        ConfigError: under Spark Connect, ``x`` is not a DataFrame.
+    """
+    if not session.is_connect(spark):
+        return session.task_slots(spark.sparkContext)
+    from elephant.fit.connect import connect_slots
+    from elephant.sources import DataFrameSource, source
+
+    if not isinstance(source(x, y), DataFrameSource):
+        raise ConfigError(f"under Spark Connect a search trains on a DataFrame; received x of type {type(x).__name__}. "
+                          "Make one with spark.createDataFrame (features as an array or Vector column, a label "
+                          "column), or run the search with a classic SparkSession to train on numpy arrays or RDDs")
+    keys = ("spark.master", "spark.task.cpus", "spark.executor.instances", "spark.executor.cores")
+    slots = connect_slots({key: spark.conf.get(key, None) for key in keys})
+    if slots is None:
+        log.warning("under Spark Connect the cluster's task slots are not in its conf (spark.master=%r): each trial "
+                    "gets 1 worker unless num_workers says otherwise", spark.conf.get("spark.master", None))
+    return slots or 1
+
+
 def check_positive(name: str, value: Any, allow_none: bool = True, integer: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -158,8 +181,7 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     params = build_params(build_fn)
     largest = check_space(space, fit_kwargs, params, seed)
     spark = spark or session.get_or_create()
-    session.require_classic(spark, "search")
-    slots = session.task_slots(spark.sparkContext)
+    slots = search_slots(spark, x, y)
     default_workers = max(1, slots // parallelism)
     plan_workers(slots, parallelism, largest or default_workers)
 
