@@ -2,8 +2,8 @@
 
 :func:`minimize` is the Spark façade: it checks its arguments and the space
 before Spark starts, then runs :func:`elephant.search_engine.run_search` with
-one elephant fit per trial, each in its own driver thread, Spark job group and
-parameter server (own port and token). :class:`FitJob` is a trial's handle:
+one elephant fit per trial, each in its own driver thread, Spark job group (a
+tag under Spark Connect) and parameter server (own port and token). :class:`FitJob` is a trial's handle:
 cancellation from any thread, and the epoch-end report that lets the pruner
 stop the fit (``model.stop_training``) as soon as an epoch ends.
 """
@@ -140,15 +140,18 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
         trial_timeout: seconds per trial (default None), cancelled the same way.
         seed: seed of the sampler and of the space check (default None).
         verbose: show the search progress bar (default 1); trial fits are silent.
-        spark: a SparkSession (default: the active one, else an embedded local one).
+        spark: a SparkSession (default: the active one, else an embedded local
+            one), or a Spark Connect session, where ``x`` must be a DataFrame and
+            trials are cancelled through their tags.
         **fit_kwargs: fixed values for routed keys, e.g. ``epochs=5, optimizer="dynsgd"``.
 
     Returns:
         A :class:`SearchResult` with one :class:`Trial` per trial of the study.
 
     Raises:
-        ConfigError: an argument, or a key or value of the space, is invalid, or
-            ``storage`` holds a study of another space, metric or mode.
+        ConfigError: an argument, or a key or value of the space, is invalid,
+            ``storage`` holds a study of another space, metric or mode, or ``x``
+            is not a DataFrame under Spark Connect.
     """
     if not callable(build_fn):
         raise ConfigError(f"`build_fn` must be callable and return a compiled keras.Model; received {build_fn!r}")
