@@ -171,7 +171,8 @@ def main() -> None:
 
     print(f"\ndigits, {args.trials} trials of up to {args.epochs} epochs, parallelism {args.parallelism} "
           f"(warm-up {warmup:.1f}s, not included); load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
-    print(f"{'seed':>4}  {'arm':<15}{'seconds':>9}{'best val acc':>14}{'epochs':>8}{'x SparkTrials':>15}{'Δacc pp':>9}")
+    print(f"{'seed':>4}  {'arm':<15}{'seconds':>9}{'best val acc':>14}{'epochs':>8}{'x SparkTrials':>15}"
+          f"{'Δacc pp':>9}")
     for r in rows:
         print(f"{r['seed']:>4}  {r['arm']:<15}{r['seconds']:>9.1f}{r['best_val_accuracy']:>14.4f}"
               f"{r['epochs_trained']:>8}{r.get('time_ratio', 1.0):>15.2f}{r.get('accuracy_delta_pp', 0.0):>9.2f}")
