@@ -2,8 +2,8 @@
 
 :func:`minimize` is the Spark façade: it checks its arguments and the space
 before Spark starts, then runs :func:`elephant.search_engine.run_search` with
-one elephant fit per trial, each in its own driver thread, Spark job group and
-parameter server (own port and token). :class:`FitJob` is a trial's handle:
+one elephant fit per trial, each in its own driver thread, Spark job group (a
+tag under Spark Connect) and parameter server (own port and token). :class:`FitJob` is a trial's handle:
 cancellation from any thread, and the epoch-end report that lets the pruner
 stop the fit (``model.stop_training``) as soon as an epoch ends.
 """
@@ -47,6 +47,29 @@ def plan_workers(slots: int, parallelism: int, requested: int | None = None) -> 
         log.warning("parallelism=%d x num_workers=%d = %d exceeds the %d task slots of this Spark cluster; fits "
                     "will wait for free slots and run slower", parallelism, workers, parallelism * workers, slots)
     return workers
+
+
+def search_slots(spark, x, y) -> int:
+    """The task slots the trials share; under Spark Connect, as the cluster's conf states them (1 if it does not).
+
+    Raises:
+        ConfigError: under Spark Connect, ``x`` is not a DataFrame.
+    """
+    if not session.is_connect(spark):
+        return session.task_slots(spark.sparkContext)
+    from elephant.fit.connect import connect_slots
+    from elephant.sources import DataFrameSource, source
+
+    if not isinstance(source(x, y), DataFrameSource):
+        raise ConfigError(f"under Spark Connect a search trains on a DataFrame; received x of type {type(x).__name__}. "
+                          "Make one with spark.createDataFrame (features as an array or Vector column, a label "
+                          "column), or run the search with a classic SparkSession to train on numpy arrays or RDDs")
+    keys = ("spark.master", "spark.task.cpus", "spark.executor.instances", "spark.executor.cores")
+    slots = connect_slots({key: spark.conf.get(key, None) for key in keys})
+    if slots is None:
+        log.warning("under Spark Connect the cluster's task slots are not in its conf (spark.master=%r): each trial "
+                    "gets 1 worker unless num_workers says otherwise", spark.conf.get("spark.master", None))
+    return slots or 1
 
 
 def check_positive(name: str, value: Any, allow_none: bool = True, integer: bool = False) -> None:
@@ -117,15 +140,18 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
         trial_timeout: seconds per trial (default None), cancelled the same way.
         seed: seed of the sampler and of the space check (default None).
         verbose: show the search progress bar (default 1); trial fits are silent.
-        spark: a SparkSession (default: the active one, else an embedded local one).
+        spark: a SparkSession (default: the active one, else an embedded local
+            one), or a Spark Connect session, where ``x`` must be a DataFrame and
+            trials are cancelled through their tags.
         **fit_kwargs: fixed values for routed keys, e.g. ``epochs=5, optimizer="dynsgd"``.
 
     Returns:
         A :class:`SearchResult` with one :class:`Trial` per trial of the study.
 
     Raises:
-        ConfigError: an argument, or a key or value of the space, is invalid, or
-            ``storage`` holds a study of another space, metric or mode.
+        ConfigError: an argument, or a key or value of the space, is invalid,
+            ``storage`` holds a study of another space, metric or mode, or ``x``
+            is not a DataFrame under Spark Connect.
     """
     if not callable(build_fn):
         raise ConfigError(f"`build_fn` must be callable and return a compiled keras.Model; received {build_fn!r}")
@@ -158,8 +184,7 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     params = build_params(build_fn)
     largest = check_space(space, fit_kwargs, params, seed)
     spark = spark or session.get_or_create()
-    session.require_classic(spark, "search")
-    slots = session.task_slots(spark.sparkContext)
+    slots = search_slots(spark, x, y)
     default_workers = max(1, slots // parallelism)
     plan_workers(slots, parallelism, largest or default_workers)
 

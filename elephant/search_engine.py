@@ -29,8 +29,8 @@ from elephant.errors import ConfigError
 from elephant.search_compile import CallableSpace, compile_space
 from elephant.search_job import POLL_S, FitJob, cancel_all
 from elephant.search_result import SearchResult, Trial
-from elephant.search_study import (BACKUP_DIR, INTERRUPTED, RESUMED_FROM, HyperoptAlgo, get_pruner, get_sampler,
-                                   get_storage, open_study)
+from elephant.search_study import (BACKUP_DIR, INTERRUPTED, RESUMED_FROM, HyperoptAlgo, continued_seed, get_pruner,
+                                   get_sampler, get_storage, open_study)
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,13 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
     study, interrupted = open_study(get_storage(storage), study_name,
                           optuna.samplers.RandomSampler(seed=seed) if hyper else chosen, get_pruner(pruner),
                           space=compiled, metric=metric, mode=mode, retry_interrupted=retry_interrupted)
+    stored = len(study.get_trials(deepcopy=False))
+    if stored and seed is not None:  # a continued study: the same seed would replay the first call's points
+        seed = continued_seed(seed, stored)
+        log.info("study %r holds %d trials: sampler seeded with %d, derived from the given seed", study.study_name,
+                 stored, seed)
+        if not hyper and not isinstance(sampler, optuna.samplers.BaseSampler):
+            study.sampler = resolve_sampler(sampler, algo, seed=seed, conditional=compiled.conditional)
     mirror = None if isinstance(compiled, CallableSpace) else HyperoptMirror(compiled, seed)
     if tracker is not None:
         tracker.start_search(study, interrupted)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import wait
 from typing import Any
 
+from elephant import session
 from elephant.errors import ElephantError
 
 __all__ = ["BUILD_LOCK", "POLL_S", "FitJob", "cancel_all"]
@@ -25,7 +26,9 @@ class FitJob:
     """Handle of one trial; with ``spark``, one cancellable elephant fit.
 
     :meth:`fit` sets the job group in the thread that runs it (groups are per
-    thread in PySpark's pinned-thread mode). :meth:`cancel` works from any thread
+    thread in PySpark's pinned-thread mode); from a Spark Connect client it adds
+    a tag of that name instead (tags are per thread too), and :meth:`cancel`
+    interrupts the tag's operations. :meth:`cancel` works from any thread
     and is repeated by the caller (a job started after a cancel needs another);
     the fit also stops at its next epoch edge. :meth:`report` is called at each
     epoch end (by the fit's last callback, or by a stub objective): once the
@@ -56,12 +59,17 @@ class FitJob:
         return self.pruned_at is not None
 
     def cancel(self) -> None:
+        """Stop the trial's Spark work: its job groups (classic) or the operations of its tags (Spark Connect)."""
         self.cancelled.set()
-        if self.spark is not None:
-            sc = self.spark.sparkContext
-            sc.cancelJobGroup(self.group)
-            if self.sm is not None and self.sm.job_group:
-                sc.cancelJobGroup(self.sm.job_group)
+        if self.spark is None:
+            return
+        groups = [self.group] + ([self.sm.job_group] if self.sm is not None and self.sm.job_group else [])
+        if session.is_connect(self.spark):
+            for tag in groups:
+                self.spark.interruptTag(tag)
+        else:
+            for group in groups:
+                self.spark.sparkContext.cancelJobGroup(group)
 
     def check(self) -> None:
         if self.cancelled.is_set():
@@ -73,7 +81,7 @@ class FitJob:
 
         from elephant.spark_model import SparkModel
 
-        job, sc = self, self.spark.sparkContext
+        job, connect = self, session.is_connect(self.spark)
 
         class StopWhenCancelled(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
@@ -86,7 +94,10 @@ class FitJob:
                 if job.report(epoch, dict(logs or {})):
                     self.model.stop_training = True  # the fit's finally releases its jobs, server and blocks
 
-        sc.setJobGroup(self.group, f"elephant {self.group}", interruptOnCancel=True)
+        if connect:  # a Connect client's tags belong to the thread that adds them, as job groups do
+            self.spark.addTag(self.group)
+        else:
+            self.spark.sparkContext.setJobGroup(self.group, f"elephant {self.group}", interruptOnCancel=True)
         try:
             self.check()
             with BUILD_LOCK:
@@ -101,7 +112,10 @@ class FitJob:
             self.check()
             return self.sm, history
         finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
+            if connect:
+                self.spark.removeTag(self.group)
+            else:
+                self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
 def cancel_all(jobs, futures) -> None:

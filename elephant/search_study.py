@@ -22,8 +22,8 @@ from elephant.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HYPEROPT_ALGOS", "PRUNERS", "SAMPLERS", "HyperoptAlgo", "artifacts_for", "get_pruner", "get_sampler",
-           "get_storage", "open_study"]
+__all__ = ["HYPEROPT_ALGOS", "PRUNERS", "SAMPLERS", "HyperoptAlgo", "artifacts_for", "continued_seed", "get_pruner",
+           "get_sampler", "get_storage", "open_study"]
 
 SAMPLERS = ("tpe", "random", "qmc", "cmaes", "gp", "nsga2")
 HYPEROPT_ALGOS = ("hyperopt-tpe", "hyperopt-rand", "hyperopt-anneal")
@@ -147,6 +147,20 @@ def artifacts_for(storage: Any, artifacts_dir: Any = None) -> str | None:
             return None
         return os.path.splitext(text)[0] + "-trials"
     return None
+
+
+def continued_seed(seed: int | None, stored: int) -> int | None:
+    """The sampler's seed for a call that continues a study already holding ``stored`` trials.
+
+    The first call's seed again would draw the first call's points again (a
+    sampler's random state is not stored), so a continuing call derives its
+    seed from ``(seed, stored)``: reproducible, and fresh points.
+    """
+    if seed is None or not stored:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, stored]).generate_state(1)[0])
 
 
 def fingerprint(space, metric: str, mode: str) -> dict:

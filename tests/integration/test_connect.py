@@ -7,7 +7,9 @@ elephant to predict on and evaluate a DataFrame through Connect (DataFrame APIs
 only: an Arrow UDF and ``mapInArrow``), and to train on it in both modes: each
 epoch a barrier ``mapInArrow`` stage whose first task hosts the parameter
 server. A fault in one epoch is rolled back and trained again; numpy input is
-refused at once, saying what to use instead.
+refused at once, saying what to use instead. A second client runs a sweep over a
+DataFrame against the same server: concurrent trials, a pruned one, and a trial
+past its time limit interrupted through its tag.
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture
-def connect_server(tmp_path):
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """One Connect server for the module's tests, each of which runs its own client process."""
+    tmp_path = tmp_path_factory.mktemp("connect-server")
     port = free_port()
     conf_dir = tmp_path / "conf"  # empty: no spark-defaults.conf of the machine leaks in
     conf_dir.mkdir()
@@ -170,3 +174,85 @@ def test_a_connect_client_predicts_evaluates_and_trains_on_dataframes(connect_se
     assert once["rolled_back"] == 1 and len(once["history"]["loss"]) == 2 and once["accuracy"] > 0.7, once
     assert "epoch 1 of 2 failed in Spark 2 times" in out["fault_always"], out["fault_always"]
     assert "injected fault in partition 1" in out["fault_always"], out["fault_always"]
+
+
+SWEEP_CLIENT = r"""
+import json, sys, time
+import numpy as np
+import keras
+import optuna
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from sklearn.datasets import load_digits
+
+from elephant.errors import ConfigError
+from elephant.search import hp, minimize
+
+
+class PruneAt(optuna.pruners.BasePruner):
+    def __init__(self, numbers, step):
+        self.numbers, self.step = set(numbers), step
+
+    def prune(self, study, trial):
+        return trial.number in self.numbers and trial.last_step is not None and trial.last_step >= self.step
+
+
+def build(units, lr=1e-2):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(units, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def frame(x, y):
+    offsets = np.arange(0, x.size + 1, 64, dtype=np.int32)
+    features = pa.ListArray.from_arrays(pa.array(offsets), pa.array(x.ravel()))
+    return spark.createDataFrame(pa.table({"features": features, "label": pa.array(y)}).to_pandas())
+
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+x, y = load_digits(return_X_y=True)
+x = (x / 16.0).astype("float32")
+space = {"units": hp.choice("units", [16, 32]), "lr": hp.loguniform("lr", np.log(3e-3), np.log(3e-2))}
+out = {}
+result = minimize(build, space, frame(x[:1400], y[:1400]), max_evals=3, parallelism=2, pruner=PruneAt({1}, 1),
+                  metric="val_accuracy", mode="max", validation_data=(x[1400:], y[1400:]), epochs=3, num_workers=1,
+                  batch_size=32, seed=0, verbose=0, spark=spark)
+first, second = result.trials[:2]
+out["sweep"] = {"status": [t.status for t in result.trials], "epochs": [t.epochs for t in result.trials],
+                "errors": [t.error for t in result.trials], "best": result.best_score,
+                "overlap": second.start < first.start + first.duration}
+try:
+    minimize(build, space, x, y, max_evals=1, epochs=1, metric="loss", spark=spark)
+    out["numpy"] = None
+except ConfigError as exc:
+    out["numpy"] = str(exc)
+# One epoch of about 21,000 single-sample steps, each a commit to the task-hosted server, outlasts
+# the trial's time limit by far: only interrupting the operations of the trial's tag ends it in time.
+t0 = time.monotonic()
+timed = minimize(build, {"units": hp.choice("units", [8])}, frame(np.tile(x, (12, 1)), np.tile(y, 12)), max_evals=1,
+                 trial_timeout=6, metric="loss", epochs=1, batch_size=1, frequency="batch", num_workers=1, seed=0,
+                 verbose=0, spark=spark)
+out["timeout"] = {"seconds": time.monotonic() - t0, "status": timed.trials[0].status, "error": timed.trials[0].error}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(BUDGET + 30)
+def test_a_connect_client_sweeps_over_a_dataframe_and_cancels_a_trial_by_its_tag(connect_server, tmp_path):
+    url, env = connect_server
+    script = tmp_path / "sweep_client.py"
+    script.write_text(SWEEP_CLIENT)
+    run = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=BUDGET,
+                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=tmp_path)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    sweep = out["sweep"]
+    assert sweep["status"] == ["ok", "pruned", "ok"], sweep["errors"]
+    assert sweep["epochs"] == [3, 1, 3] and sweep["best"] > 0.8 and sweep["overlap"], sweep
+    assert "under Spark Connect a search trains on a DataFrame" in out["numpy"]
+    timed = out["timeout"]
+    assert timed["status"] == "timeout" and "time limit reached" in timed["error"], timed
+    assert timed["seconds"] < 6 + 20, timed  # the epoch's stage was interrupted, not waited for

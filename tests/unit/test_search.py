@@ -283,3 +283,49 @@ def test_trial_timeout_cancels_only_the_slow_trial():
     assert slow and all(t.status == "timeout" for t in slow)
     assert all(t.status == "ok" for t in result.trials if t.params["x"] <= 0)
     assert len(result.trials) == 8
+
+
+class ConnectStub:
+    """Stands for a Spark Connect client session: records its tag calls, answers conf reads."""
+
+    def __init__(self, master="local[4]"):
+        self.calls, self.conf = [], self
+        self._conf = {"spark.master": master}
+
+    def get(self, key, default=None):
+        return self._conf.get(key, default)
+
+    def addTag(self, tag):
+        self.calls.append(("add", tag))
+
+    def removeTag(self, tag):
+        self.calls.append(("remove", tag))
+
+    def interruptTag(self, tag):
+        self.calls.append(("interrupt", tag))
+        return []
+
+
+ConnectStub.__module__ = "pyspark.sql.connect.session"
+
+
+def test_a_connect_trial_is_cancelled_through_its_tags():
+    from elephant.search_job import FitJob
+
+    spark = ConnectStub()
+    job = FitJob(spark, "trial3")
+    job.sm = type("SM", (), {"job_group": "elephant-run7"})()
+    job.cancel()
+    assert job.cancelled.is_set() and spark.calls == [("interrupt", job.group), ("interrupt", "elephant-run7")]
+
+
+def test_search_slots_under_connect_read_the_conf_and_refuse_numpy():
+    from elephant.search import search_slots
+
+    frame = type("DataFrame", (), {"sparkSession": None, "schema": None})
+    frame.__module__ = "pyspark.sql.connect.dataframe"
+    assert search_slots(ConnectStub("local[4]"), frame(), None) == 4
+    assert search_slots(ConnectStub("yarn"), frame(), None) == 1  # unknown: one worker per trial
+    with pytest.raises(ConfigError, match=r"under Spark Connect a search trains on a DataFrame; received x of type "
+                                          r"ndarray"):
+        search_slots(ConnectStub(), np.zeros((4, 2)), np.zeros(4))
