@@ -6,7 +6,8 @@ trains the same architecture from the same initial weights for the same epochs; 
 report wall time, samples per second, test accuracy and the ratio to plain Keras.
 
 Run:  python benchmarks/end_to_end.py [--samples 100000] [--epochs 3] [--workers 2]
-Writes benchmarks/results/end_to_end.json and .png.
+Writes benchmarks/results/end_to_end.json and .png (``--output STEM`` other names). Keras'
+backend is the process's (``KERAS_BACKEND``); the fit gives the executors the same one.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--only", default=None, help="comma-separated config names to run")
+    parser.add_argument("--output", default="end_to_end", help="file stem of the results under benchmarks/results")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -133,16 +135,18 @@ def main() -> None:
         print(f"{r['name']:<32}{r['seconds']:>9.1f}{r['samples_per_second']:>11.0f}{r['accuracy']:>10.4f}"
               f"{r['ratio_to_plain']:>9.2f}{r['accuracy_delta_pp']:>9.2f}")
     os.makedirs(RESULTS, exist_ok=True)
-    meta = {"samples": args.samples, "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size,
+    import keras
+
+    meta = {"keras_backend": keras.config.backend(), "samples": args.samples, "epochs": args.epochs, "workers": args.workers, "batch_size": args.batch_size,
             "warmup_seconds": warmup, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                    "platform": platform.platform()}}
-    with open(os.path.join(RESULTS, "end_to_end.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"{args.output}.json"), "w") as f:
         json.dump({"meta": meta, "results": rows}, f, indent=2)
-    _plot(rows)
+    _plot(rows, os.path.join(RESULTS, f"{args.output}.png"))
     spark.stop()
 
 
-def _plot(rows) -> None:
+def _plot(rows, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,7 +161,7 @@ def _plot(rows) -> None:
     a2.set_xlim(min(r["accuracy"] for r in rows) - 0.05, 1.0)
     a2.set_xlabel("test accuracy")
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "end_to_end.png"), dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
