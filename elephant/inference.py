@@ -36,6 +36,11 @@ class ModelShipment:
         self.broadcast.unpersist()
 
 
+def inline_spec(model, custom_objects=None) -> tuple:
+    """:meth:`ModelShipment.spec` without a broadcast (Spark Connect has none): the archive travels in the task."""
+    return (model_to_bytes(model), model_fingerprint(model), custom_objects or None, framework.current_backend())
+
+
 def _model(spec):
     from elephant import replicas
 
@@ -50,8 +55,7 @@ def predict(model, x, batch_size, *, num_workers, spark, custom_objects=None,
     data = source(x)
     if isinstance(data, DataFrameSource):
         if session.is_connect(x.sparkSession):  # no broadcasts: the model travels in the UDF
-            spec = (model_to_bytes(model), model_fingerprint(model), custom_objects or None,
-                    framework.current_backend())
+            spec = inline_spec(model, custom_objects)
         else:
             spec = ModelShipment(x.sparkSession.sparkContext, model, custom_objects).spec()
         return _predict_dataframe(x, spec, batch_size, features_col, prediction_col)
@@ -232,7 +236,7 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
     data = source(x, y)
     connect = data.spark is not None and session.is_connect(data.spark)
     if connect:  # DataFrame APIs only: Arrow batches in, one JSON row per partition out
-        spec, ship = (model_to_bytes(model), model_fingerprint(model), custom_objects or None), None
+        spec, ship = inline_spec(model, custom_objects), None
     else:
         session.require_classic(spark, "evaluate on numpy arrays or an RDD")
         sc = spark.sparkContext

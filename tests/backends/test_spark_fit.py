@@ -8,14 +8,10 @@ elephant's daemon, which preloads the configured framework.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import keras
-import numpy as np
 import pytest
 
-from tests.integration.helpers import accuracy, digits_model
+from tests.integration.helpers import accuracy, digits_model, digits_split, local_session, plain_keras_accuracy
 
 BACKEND = keras.config.backend()
 
@@ -29,41 +25,19 @@ EPOCHS = 4
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName(f"elephant-backend-{BACKEND}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.daemon.module", "elephant.daemon")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("local[2]", f"elephant-backend-{BACKEND}")
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="module")
 def digits():
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    return train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    return digits_split()
 
 
 @pytest.fixture(scope="module")
 def plain_accuracy(digits):
-    x_train, x_test, y_train, y_test = digits
-    model = digits_model()
-    model.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
-    return accuracy(model, x_test, y_test)
+    return plain_keras_accuracy(digits, EPOCHS)
 
 
 def test_python_workers_run_the_drivers_backend(spark):

@@ -4,10 +4,9 @@
 tests see real Spark retries; nothing else fails, so it behaves as ``local[2]``.
 """
 
-import os
-import sys
-
 import pytest
+
+from .helpers import digits_split, local_session
 
 
 def pytest_collection_modifyitems(items):
@@ -19,31 +18,11 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("elephant-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.daemon.module", "elephant.daemon")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("local[2,4]", "elephant-tests")
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="session")
 def digits():
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype("float32")
-    return train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    return digits_split()

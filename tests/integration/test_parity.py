@@ -11,17 +11,14 @@ import pytest
 
 from elephant import SparkModel
 
-from .helpers import accuracy, digits_model
+from .helpers import accuracy, digits_model, plain_keras_accuracy
 
 EPOCHS = 10
 
 
 @pytest.fixture(scope="module")
 def plain_accuracy(digits):
-    x_train, x_test, y_train, y_test = digits
-    model = digits_model()
-    model.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
-    return accuracy(model, x_test, y_test)
+    return plain_keras_accuracy(digits, EPOCHS)
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
