@@ -18,6 +18,9 @@ BACKEND = keras.config.backend()
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's Spark fits are tests/integration's"),
+    # JAX warns at every fork of a process where it has started, and PySpark starts the driver's JVM by a
+    # fork that execs at once (subprocess with a preexec_fn): harmless there, and this module's only fork
+    pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning"),
 ]
 
 EPOCHS = 4
