@@ -88,10 +88,14 @@ def _dtype_groups(dtypes: list[np.dtype]) -> list[tuple[np.dtype, list[int]]]:
     return list(groups.items())
 
 
-def _flatten(weights, groups, expected: int) -> list[np.ndarray]:
-    """One flat array per dtype group, the members' values concatenated in order."""
+def _check_count(weights, expected: int) -> None:
     if len(weights) != expected:
         raise ValueError(f"`weights` must hold {expected} arrays (one per model weight); received {len(weights)}")
+
+
+def _flatten(weights, groups, expected: int) -> list[np.ndarray]:
+    """One flat array per dtype group, the members' values concatenated in order."""
+    _check_count(weights, expected)
     return [np.concatenate([np.asarray(weights[i], dtype=dtype).ravel() for i in members])
             for dtype, members in groups]
 
@@ -265,9 +269,7 @@ class JaxStepper(Stepper):
         return [np.array(a, copy=True) for a in self._jax.device_get(values)]
 
     def set_weights(self, weights) -> None:
-        if len(weights) != len(self._slots):
-            raise ValueError(f"`weights` must hold {len(self._slots)} arrays (one per model weight); "
-                             f"received {len(weights)}")
+        _check_count(weights, len(self._slots))
         arrays = self._jax.device_put([np.asarray(w, dtype=dtype) for w, dtype in zip(weights, self._dtypes)])
         if self._state is None:
             for variable, array in zip(self.model.weights, arrays):
