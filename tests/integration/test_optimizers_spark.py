@@ -15,7 +15,7 @@ from .helpers import accuracy, digits_model
 SETTINGS = {
     "modelaveraging": (8, ("adam", 3e-3), 8),
     "easgd": (8, ("adam", 3e-3), 8),
-    "downpour": (5, ("adam", 1e-3), 10),
+    "downpour": (5, ("adam", 2e-3), 10),
     "dynsgd": (5, ("adam", 2e-3), 8),  # 6 epochs: 0.96-0.97 alone, 0.88 once with the CPU shared by another job
     "agn": (2, ("adam", 5e-3), 8),
     "adag": (2, ("adam", 5e-3), 8),

@@ -28,8 +28,10 @@ def _ps_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith("elephant-ps")]
 
 
-def test_pruned_trial_then_a_stopped_driver_resumes_from_the_trials_backup(spark, digits, tmp_path):
+def test_pruned_trial_then_a_stopped_driver_resumes_from_the_trials_backup(spark, digits, tmp_path, monkeypatch):
     import keras
+
+    from elephant.search_job import FitJob
 
     x_train, x_test, y_train, y_test = digits
     journal = str(tmp_path / "sweep.journal")
@@ -37,16 +39,21 @@ def test_pruned_trial_then_a_stopped_driver_resumes_from_the_trials_backup(spark
     common = dict(metric="val_accuracy", mode="max", validation_data=(x_test, y_test), epochs=3, num_workers=1,
                   frequency="epoch", parallelism=1, max_evals=3, storage=journal, pruner=PruneAt({0}, step=1),
                   seed=0, verbose=0, spark=spark)
-    epoch_ends = []
+    epoch_ends, cancelled = [], threading.Event()
+    cancel = FitJob.cancel
+    monkeypatch.setattr(FitJob, "cancel", lambda job: (cancel(job), cancelled.set()))
 
-    def stop_the_driver(epoch, logs):  # the fifth epoch end is trial 2's first: Ctrl-C reaches the driver
-        epoch_ends.append(epoch)
+    def stop_the_driver(epoch, logs):  # after trial 2's first epoch: Ctrl-C reaches the driver mid-trial
         if len(epoch_ends) == 5:
             _thread.interrupt_main()
+            # the main thread sees the interrupt at its next poll; hold the trial here, before its second
+            # epoch, until the driver has cancelled it, however fast that epoch would be
+            assert cancelled.wait(timeout=60), "the driver did not cancel the running trial"
 
+    watch = keras.callbacks.LambdaCallback(on_epoch_begin=stop_the_driver,
+                                           on_epoch_end=lambda epoch, logs: epoch_ends.append(epoch))
     with pytest.raises(KeyboardInterrupt):
-        minimize(small_model, space, x_train, y_train,
-                 callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=stop_the_driver)], **common)
+        minimize(small_model, space, x_train, y_train, callbacks=[watch], **common)
     assert not _ps_threads() and list(spark.sparkContext.statusTracker().getActiveJobsIds()) == []
     assert epoch_ends == [0, 0, 1, 2, 0]  # trial 0 stopped after its first epoch: pruned
 
