@@ -37,7 +37,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Stepper", "stepper"]
+__all__ = ["Stepper", "stepper", "variable_access"]
 
 
 class Stepper:
@@ -114,9 +114,21 @@ class TensorFlowStepper(Stepper):
 
     def __init__(self, model):
         super().__init__(model)
+        self._access = _TensorFlowAccess(list(model.weights))
+
+    def get_weights(self) -> list[np.ndarray]:
+        return self._access.read()
+
+    def set_weights(self, weights) -> None:
+        self._access.write(weights)
+
+
+class _TensorFlowAccess:
+    """Reads a fixed list of TensorFlow-backed Keras variables with one traced function, writes them with another."""
+
+    def __init__(self, variables):
         import tensorflow as tf
 
-        variables = list(model.weights)
         tvars = [v.value for v in variables]
         shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self._count = len(variables)
@@ -138,11 +150,42 @@ class TensorFlowStepper(Stepper):
         self._read = tf.function(read, autograph=False).get_concrete_function()
         self._write = tf.function(write, input_signature=[signature], autograph=False).get_concrete_function()
 
-    def get_weights(self) -> list[np.ndarray]:
+    def read(self) -> list[np.ndarray]:
         return [np.array(t) for t in self._read()]
 
-    def set_weights(self, weights) -> None:
-        self._write(_flatten(weights, self._groups, self._count))
+    def write(self, arrays) -> None:
+        self._write(_flatten(arrays, self._groups, self._count))
+
+
+class _KerasAccess:
+    """Reads and writes Keras variables one at a time (every backend)."""
+
+    def __init__(self, variables):
+        self._variables = list(variables)
+
+    def read(self) -> list[np.ndarray]:
+        import keras
+
+        return [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in self._variables]
+
+    def write(self, arrays) -> None:
+        _check_count(arrays, len(self._variables))
+        for variable, array in zip(self._variables, arrays):
+            variable.assign(array)
+
+
+def variable_access(variables):
+    """Fast ``read()``/``write(arrays)`` of a fixed list of Keras variables (traced under TensorFlow).
+
+    Between a stepper's steps the variables may be stale (JAX keeps its state
+    outside them): call its ``sync_to_model`` first.
+    """
+    import keras
+
+    variables = list(variables)
+    if keras.backend.backend() == "tensorflow" and variables:
+        return _TensorFlowAccess(variables)
+    return _KerasAccess(variables)
 
 
 class TorchStepper(Stepper):

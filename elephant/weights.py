@@ -102,14 +102,21 @@ class WeightedSum:
 
 
 def check_same_structure(expected: Sequence[np.ndarray], received: Sequence[np.ndarray], what: str = "weights") -> None:
-    """Raise ``DataError`` unless both lists have the same count, shapes and dtypes."""
+    """Raise ``DataError`` unless both lists have the same count, shapes and dtypes.
+
+    ``received`` may be weights not computed yet that know their ``structure``
+    (``(shape, dtype)`` pairs): that is checked instead, without computing them.
+    """
     if len(expected) != len(received):
         raise DataError(f"{what}: expected {len(expected)} arrays, received {len(received)}")
-    for i, (e, r) in enumerate(zip(expected, received)):
-        if e.shape != r.shape:
-            raise DataError(f"{what}[{i}]: expected shape {e.shape}, received {r.shape}")
-        if e.dtype != r.dtype:
-            raise DataError(f"{what}[{i}]: expected dtype {e.dtype}, received {r.dtype}")
+    structure = getattr(received, "structure", None)
+    if structure is None:
+        structure = [(r.shape, r.dtype) for r in received]
+    for i, (e, (shape, dtype)) in enumerate(zip(expected, structure)):
+        if e.shape != shape:
+            raise DataError(f"{what}[{i}]: expected shape {e.shape}, received {shape}")
+        if e.dtype != dtype:
+            raise DataError(f"{what}[{i}]: expected dtype {e.dtype}, received {dtype}")
 
 
 def all_finite(a: Sequence[np.ndarray]) -> bool:

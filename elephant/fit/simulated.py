@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from elephant import data as D
-from elephant.backends import stepper
+from elephant.backends import stepper, variable_access
 from elephant.config import Settings, check_positive_int
 from elephant.errors import ConfigError
 from elephant.fit.plan import plan_fit
@@ -62,23 +62,24 @@ class FitTrace:
 
 
 class _LiveWeights(Sequence):
-    """A replica's weights after a local step, read from the model only when the simulator reads them.
+    """A replica's weights after a local step, computed and read only when the simulator reads them.
 
-    Most steps' weights are never read (only a commit's are), and copying a
-    megabyte model out of Keras after every step was a third of a simulated
-    fit's time. The first read copies them; a view that was not read before the
-    replica's next step can no longer be (it would show later weights).
+    Most steps' weights are never read (only a commit's are): the replica queues
+    its steps and runs them when its weights are read. The first read runs them
+    and copies the weights; a view that was not read before the replica's next
+    step can no longer be (it would show later weights).
     """
 
     def __init__(self, replica: _Replica):
         self.replica, self.arrays = replica, None
         self.count = replica.count
+        self.structure = replica.engine.structure  # what the weights will be, known without running the steps
 
     def _read(self) -> list[np.ndarray]:
         if self.arrays is None:
             if self.replica.live is not self:
                 raise RuntimeError("the weights of an earlier local step were read after the replica stepped on")
-            self.arrays = self.replica.stepper.get_weights()
+            self.arrays = self.replica.run_queued()
         return self.arrays
 
     def __len__(self) -> int:
@@ -91,32 +92,80 @@ class _LiveWeights(Sequence):
         return iter(self._read())
 
 
-class _Replica:
-    """One simulated worker: a rebuilt Keras model and its shard, reshuffled every epoch."""
+class _Engine:
+    """A Keras model that replicas take turns on: each one's variables are swapped in when it runs.
 
-    def __init__(self, model, x, y, batch_size: int, rng: np.random.Generator, shuffle: bool):
-        self.model, self.x, self.y = model, x, y
+    A replica's variables are all of the model's trainable and non-trainable
+    ones (seed generators included) and its optimizer's, so a replica on a
+    shared engine computes what a model of its own would. Replicas run their
+    queued steps only at a commit, so a swap happens once per window, not per
+    step.
+    """
+
+    def __init__(self, model):
+        if not model.optimizer.built:  # as the first train step would, so the slots exist to swap
+            model.optimizer.build(model.trainable_variables)
+        self.model, self.stepper = model, stepper(model)
+        self.structure = [(tuple(int(d) for d in v.shape), np.dtype(v.dtype)) for v in model.weights]
+        self.access = variable_access([*model.trainable_variables, *model.non_trainable_variables,
+                                       *model.optimizer.variables])
+        self.initial = self.read()
+        self.holder: _Replica | None = None
+
+    def read(self) -> list[np.ndarray]:
+        self.stepper.sync_to_model()
+        return self.access.read()
+
+    def hand_to(self, replica: _Replica) -> None:
+        """Make the model hold ``replica``'s variables (saving the previous holder's)."""
+        if self.holder is replica:
+            return
+        if self.holder is not None:
+            self.holder.state = self.read()
+        self.stepper.sync_to_model()
+        self.access.write(replica.state if replica.state is not None else self.initial)
+        self.holder, replica.state = replica, None
+
+
+class _Replica:
+    """One simulated worker: its shard, reshuffled every epoch, and its turns on a Keras model."""
+
+    def __init__(self, engine: _Engine, x, y, batch_size: int, rng: np.random.Generator, shuffle: bool):
+        self.engine, self.x, self.y = engine, x, y
         self.batch_size, self.rng, self.shuffle = batch_size, rng, shuffle
         self.n = D.num_samples(x)
         self.order = np.arange(self.n)
         self.position = self.n  # the first step starts a pass
-        self.count = len(model.weights)  # what get_weights returns, without copying it
+        self.count = len(engine.model.weights)  # what get_weights returns, without copying it
         self.live: _LiveWeights | None = None
-        self.stepper = stepper(model)
+        self.state: list[np.ndarray] | None = None  # the variables while another replica holds the engine
+        self.queue: list[tuple[str, Any]] = []
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
             self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
             self.position = 0
-            self.stepper.begin_pass()
+            self.queue.append(("pass", None))
         if weights is not self.live:  # a pull or a reply replaced the local weights
-            self.stepper.set_weights(list(weights))
-        index = self.order[self.position : self.position + self.batch_size]
+            self.queue.append(("set", [np.array(w, copy=True) for w in weights]))
+        self.queue.append(("step", self.order[self.position : self.position + self.batch_size]))
         self.position += self.batch_size
-        batch = (D.take(self.x, index), D.take(self.y, index), None)
-        self.stepper.step(batch)
         self.live = _LiveWeights(self)
         return self.live
+
+    def run_queued(self) -> list[np.ndarray]:
+        """Run the steps queued since the last read, on the engine, and return the weights after them."""
+        self.engine.hand_to(self)
+        run = self.engine.stepper
+        for kind, value in self.queue:
+            if kind == "pass":
+                run.begin_pass()
+            elif kind == "set":
+                run.set_weights(value)
+            else:
+                run.step((D.take(self.x, value), D.take(self.y, value), None))
+        self.queue.clear()
+        return run.get_weights()
 
 
 def _keras_step(weights, replica: _Replica, slots):
@@ -142,6 +191,7 @@ def simulate_fit(
     batch_split: bool | None = None,
     overlap: bool = False,
     comm_budget: float = 0.1,
+    share_model: bool = True,
 ) -> FitTrace:
     """Play ``SparkModel(model, mode, frequency, optimizer, num_workers, seed=seed).fit(x, y, ...)`` in-process.
 
@@ -161,6 +211,11 @@ def simulate_fit(
             with ``overlap`` each reply is merged after the worker's next local
             step. A window decided from the fit's costs is decided from their
             estimates (a Spark fit re-decides it from its first epoch's timings).
+        share_model: one Keras model for all the workers, each worker's
+            variables (weights, optimizer state, seed generators) swapped in
+            when it commits (default: one model traced once, and only the
+            variables kept per worker); False rebuilds one model per worker,
+            as Spark executors do. Both train the same numbers.
 
     Returns:
         A :class:`FitTrace`.
@@ -182,8 +237,10 @@ def simulate_fit(
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
     rng = np.random.default_rng(None if seed is None else seed + 1)
+    engine = _Engine(model_from_bytes(archive, custom_objects)) if share_model else None
     replicas = [
-        _Replica(model_from_bytes(archive, custom_objects), sx, sy, batch_size, np.random.default_rng(rng.integers(2**32)), shuffle)
+        _Replica(engine or _Engine(model_from_bytes(archive, custom_objects)), sx, sy, batch_size,
+                 np.random.default_rng(rng.integers(2**32)), shuffle)
         for sx, sy in shards
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers

@@ -102,3 +102,27 @@ def test_the_asynchronous_default_on_one_long_pass_lands_where_plain_keras_does(
     assert mse(plain) < 0.05
     assert mse(new) < 2 * mse(plain) + 0.01
     assert mse(old) > 1.0  # about a quarter of the distance to the solution, squared, per weight
+
+
+def _noisy_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.BatchNormalization(),
+                          keras.layers.Dropout(0.3, seed=seed), keras.layers.Dense(3, activation="softmax")])
+    m.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+    return m
+
+
+@pytest.mark.parametrize("mode, frequency", [("asynchronous", 3), ("synchronous", 2), ("hogwild", 1)])
+def test_workers_sharing_one_model_train_what_a_model_each_trains(data, mode, frequency):
+    """Each worker's weights, moving statistics, Adam moments and dropout seeds are swapped in at its turn."""
+    x, y = data
+    optimizer = "downpour" if mode == "hogwild" else None
+    kwargs = dict(epochs=2, batch_size=24, mode=mode, frequency=frequency, optimizer=optimizer, num_workers=3)
+    shared = simulate_fit(_noisy_model(), x, y, share_model=True, **kwargs)
+    apart = simulate_fit(_noisy_model(), x, y, share_model=False, **kwargs)
+    assert shared.trace.clock == apart.trace.clock > 0
+    for epoch_shared, epoch_apart in zip(shared.centers, apart.centers, strict=True):
+        for got, want in zip(epoch_shared, epoch_apart, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    start = _noisy_model().get_weights()
+    assert any(not np.allclose(a, b) for a, b in zip(shared.centers[-1], start))  # it trained
