@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from elephant.errors import ConfigError, DataError, ElephantError, PSError
+from elephant.errors import ConfigError, DataError, ElephantError, ProtocolError, PSError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps.client import _check_template, _commit_what
@@ -213,6 +213,12 @@ class ShardedClient:
                 self._clocks.popitem(last=False)
         return Reply(clock=clock, center=center, tensors=tensors)
 
+    def _checked(self, reply: Reply, template: Sequence[Any] | None, what: str) -> Reply:
+        try:
+            return _check_template(reply, template)
+        except ProtocolError as exc:
+            raise PSError(f"{what}: {self.address} sent an invalid reply: {exc}") from None
+
     def _base_clocks(self, base_clock: int) -> tuple[int, ...]:
         with self._lock:
             return self._clocks.get(int(base_clock), (base_clock,) * len(self._clients))
@@ -231,7 +237,7 @@ class ShardedClient:
         """The joined center and the least shard clock, checked against ``template`` if given."""
         what = f"pull (worker {worker})"
         replies = self._fan(what, lambda i, c: c.pull(worker, epoch=epoch))
-        return _check_template(self._join(replies, what), template)
+        return self._checked(self._join(replies, what), template, what)
 
     def commit(self, key: CommitKey, attempt: int, commit: Commit, template: Sequence[Any] | None = None) -> Reply:
         """Send each shard its slice of ``commit``; the joined reply."""
@@ -247,7 +253,7 @@ class ShardedClient:
             return client.commit(key, attempt, Commit(tensors=parts[i], num_steps=commit.num_steps,
                                                       num_samples=commit.num_samples, base_clock=bases[i]))
 
-        return _check_template(self._join(self._fan(what, send), what), template)
+        return self._checked(self._join(self._fan(what, send), what), template, what)
 
     def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
         """Tell every shard that ``partition`` has no more data in ``epoch``."""

@@ -1,188 +1,296 @@
-"""elephant.ps.shards: the shard plan (split/join) and how many shards; no sockets."""
+"""elephant.ps.shard_client: a sharded parameter server gives one store's bytes, for every rule.
+
+The plan and the shard-count decision are tested in test_ps_shards_plan.py.
+"""
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from elephant.errors import ConfigError, DataError
-from elephant.ps.shards import Piece, ShardPlan, choose_shards, plan_shards
+from elephant.errors import ConfigError, PSError, StaleAttemptError
+from elephant.optimizers import Commit, DistributedOptimizer, get, registered_names
+from elephant.ps.app import create_app
+from elephant.ps.client import InProcessClient, PSClient
+from elephant.ps.server import PSServer
+from elephant.ps.shard_client import ShardedClient, check_shardable, shard_stores
+from elephant.ps.shards import plan_shards
+from elephant.ps.store import CommitKey, Store
 
-MODELS = {
-    "one-vector": [(10,)],
-    "mlp": [(64, 32), (32,), (32, 10), (10,)],
-    "mixed": [(9, 4), (4,), (3, 2, 2), (), (5,)],
-    "one-big": [(1000, 8), (8,), (2,)],
-    "empty-tensor": [(0, 3), (7, 3), (3,)],
-    "conv": [(3, 3, 16, 32), (32,), (3, 3, 32, 64), (64,), (256, 10), (10,)],
+RUN, TOKEN = "r", "tok"
+SHAPES = [(9, 4), (4,), (3, 2, 2), (), (5,)]  # the first is cut into row ranges at S=2 and S=3
+
+
+def initial_center():
+    rng = np.random.default_rng(1)
+    return [rng.normal(size=s).astype(np.float64 if i == 4 else np.float32) for i, s in enumerate(SHAPES)]
+
+
+#: One row per registered rule: the keyword-argument variants each runs with (conformance-table style).
+SHARD_TABLE = {
+    "downpour": [{}],
+    "agn": [{"window": 1}, {"step_scale": 1.0, "sqrt_scaling": True}],
+    "adag": [{"gamma": 1e-2}],
+    "dynsgd": [{}, {"sqrt_scaling": True}],
+    "easgd": [{"alpha": 0.2}],
+    "aeasgd": [{"alpha": 0.2}],
+    "eamsgd": [{"alpha": 0.2, "momentum": 0.5}],
+    "modelaveraging": [{}, {"outer_momentum": 0.0}],
+    "dcasgd": [{"learning_rate": 0.1}, {"learning_rate": 0.1, "adaptive": True}],
+    "delayednesterov": [{"window": 8}, {"outer_momentum": 0.5}],
 }
-DTYPES = [np.float32, np.float64, np.float16]
+CASES = [pytest.param(name, kwargs, mode, workers, id=f"{name}{k}-{mode}-K{workers}")
+         for name, variants in SHARD_TABLE.items() for k, kwargs in enumerate(variants)
+         for mode in get(name).modes for workers in ((2, 3) if mode == "synchronous" else (3,))]
 
 
-def weights_for(shapes, seed=0):
-    """Distinct values everywhere, mixed dtypes, so a misplaced byte cannot go unnoticed."""
+def test_the_table_covers_every_registered_rule_and_each_is_elementwise():
+    assert sorted(SHARD_TABLE) == registered_names()
+    assert all(get(name).elementwise for name in registered_names())
+
+
+def payload(seed, center):
+    """A deterministic commit payload near the center (deltas for some rules, weights for the elastic ones)."""
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=shape).astype(DTYPES[i % len(DTYPES)]) for i, shape in enumerate(shapes)]
+    return [(c + 0.1 * rng.normal(size=c.shape)).astype(c.dtype) - (c if seed % 2 else 0) for c in center]
 
 
-def _cases():
-    for name, shapes in MODELS.items():
-        for shards in (1, 2, 3, 4):
-            pieces = sum(max(1, shape[0]) if shape else 1 for shape in shapes)
-            if shards <= pieces:
-                yield pytest.param(shapes, shards, id=f"{name}-S{shards}")
+def run_async(client_for, workers):
+    """A fixed interleaving of pulls and commits; every reply's clock, center and tensors as bytes."""
+    center = initial_center()
+    clients = [client_for() for _ in range(workers)]
+    base = {w: clients[w].pull(w, epoch=0).clock for w in range(workers)}
+    seen = []
+    for n, w in enumerate([0, 1, 2, 2, 1, 0, 1, 1, 2, 0, 0, 2][: 4 * workers]):
+        w %= workers
+        if n == 6:  # a mid-epoch pull (ADAG and DC-ASGD remember what a worker last received)
+            base[w] = clients[w].pull(w, epoch=0).clock
+        commit = Commit(payload(n, center), num_steps=1 + n % 3, num_samples=n % 4, base_clock=base[w])
+        reply = clients[w].commit(CommitKey(RUN, 0, w, n), 7, commit)
+        base[w] = reply.clock
+        seen.append(_bytes(reply))
+    for w, client in enumerate(clients):
+        client.finish(RUN, 0, w, 7)
+        client.close()
+    return seen
 
 
-CASES = list(_cases())
+def run_sync(client_for, workers):
+    """Rounds with one thread per worker; worker 1 stops a round early and one window trains nothing."""
+    center = initial_center()
+    rounds = {w: 2 if w == 1 else 3 for w in range(workers)}
+
+    def worker(w):
+        with client_for() as client:
+            base, seen = client.pull(w, epoch=0).clock, []
+            for step in range(rounds[w]):
+                samples = 0 if (w, step) == (workers - 1, 0) else 4 + w
+                commit = Commit(payload(10 * w + step, center), num_steps=2, num_samples=samples, base_clock=base)
+                reply = client.commit(CommitKey(RUN, 0, w, step), 3, commit)
+                base = reply.clock
+                seen.append(_bytes(reply))
+            client.finish(RUN, 0, w, 3)
+            return seen
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(worker, range(workers)))
 
 
-@pytest.mark.parametrize("shapes, shards", CASES)
-def test_every_byte_is_held_by_exactly_one_shard(shapes, shards):
-    weights = weights_for(shapes)
-    plan = plan_shards(weights, shards)
-    assert plan.num_shards == shards and all(plan.shards)
-    assert sum(plan.shard_bytes()) == sum(w.nbytes for w in weights)
-    for i, w in enumerate(weights):
-        pieces = [p for held in plan.shards for p in held if p.tensor == i]
-        if len(pieces) == 1 and pieces[0].rows is None:
-            continue
-        ranges = sorted(p.rows for p in pieces)  # contiguous row ranges that tile axis 0, each once
-        assert ranges[0][0] == 0 and ranges[-1][1] == w.shape[0]
-        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(ranges, ranges[1:]))
+def _bytes(reply):
+    tensors = None if reply.tensors is None else [(t.dtype.str, t.shape, t.tobytes()) for t in reply.tensors]
+    return reply.clock, [(c.dtype.str, c.shape, c.tobytes()) for c in reply.center], tensors
 
 
-@pytest.mark.parametrize("shapes, shards", CASES)
-def test_split_then_join_is_byte_identical(shapes, shards):
-    weights = weights_for(shapes)
-    plan = plan_shards(weights, shards)
-    parts = plan.split(weights)
-    assert [[(a.shape, a.dtype) for a in part] for part in parts] == [
-        [(plan.piece_shape(p), plan.dtypes[p.tensor]) for p in held] for held in plan.shards]
-    copies = [[np.array(a, copy=True) for a in part] for part in parts]  # as the wire would hand them back
-    for joined in (plan.join(parts), plan.join(copies)):
-        assert len(joined) == len(weights)
-        for a, b in zip(joined, weights):
-            assert a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+def serve(name, kwargs, mode, workers, shards):
+    """Run the schedule on one store (``shards=None``) or on sharded stores; return the replies, center, clocks."""
+    optimizer, center = get(name, **kwargs), initial_center()
+    if shards is None:
+        stores, plan = [Store(center, optimizer, mode, workers, RUN, round_timeout=20)], None
+        client_for = lambda: InProcessClient(stores[0])  # noqa: E731
+    else:
+        plan = plan_shards(center, shards)
+        stores = shard_stores(center, plan, optimizer, mode, workers, RUN, round_timeout=20)
+        client_for = lambda: ShardedClient([InProcessClient(s) for s in stores], plan)  # noqa: E731
+    seen = (run_sync if mode == "synchronous" else run_async)(client_for, workers)
+    final = stores[0].center() if plan is None else plan.join([s.center() for s in stores])
+    return seen, final, [s.clock for s in stores]
 
 
-@pytest.mark.parametrize("shapes, shards", CASES)
-def test_largest_first_onto_the_least_loaded_shard_balances(shapes, shards):
-    weights = weights_for(shapes)
-    plan = plan_shards(weights, shards)
-    loads = plan.shard_bytes()
-    largest = max(plan.piece_bytes(p) for held in plan.shards for p in held)
-    assert max(loads) - min(loads) <= largest  # the greedy (LPT) bound
-    total = sum(loads)
-    for i, w in enumerate(weights):  # a tensor over total/S with rows to spare is cut
-        cut = sum(1 for held in plan.shards for p in held if p.tensor == i) > 1
-        assert cut == (w.nbytes * shards > total and w.ndim > 0 and w.shape[0] > 1)
+@pytest.mark.parametrize("name, kwargs, mode, workers", CASES)
+def test_sharded_stores_give_one_store_s_bytes(name, kwargs, mode, workers):
+    seen, center, (clock,) = serve(name, kwargs, mode, workers, None)
+    assert clock > 0
+    for shards in (2, 3):
+        seen_s, center_s, clocks = serve(name, kwargs, mode, workers, shards)
+        assert clocks == [clock] * shards
+        assert seen_s == seen  # every reply: clock, center and rule tensors, byte for byte
+        assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(center_s, center))
 
 
-def test_a_plan_is_deterministic_and_depends_only_on_shapes_and_dtypes():
-    shapes = MODELS["conv"]
-    weights = weights_for(shapes)
-    specs = [(w.shape, w.dtype) for w in weights]
-    assert plan_shards(weights, 3) == plan_shards(specs, 3) == plan_shards(weights_for(shapes, seed=9), 3)
+# --------------------------------------------------------------- partial commits
+class FailingClient:
+    """An in-process client whose commits fail (before reaching the store) at the given steps, once each."""
+
+    def __init__(self, store, fail_steps=()):
+        self.inner, self.fail_steps, self.address = InProcessClient(store), set(fail_steps), "flaky"
+
+    def commit(self, key, attempt, commit, template=None):
+        if key.step in self.fail_steps:
+            self.fail_steps.discard(key.step)
+            raise PSError(f"commit step {key.step}: injected failure")
+        return self.inner.commit(key, attempt, commit, template)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
-def test_a_big_tensor_is_cut_into_row_ranges_spread_over_the_shards():
-    plan = plan_shards([((1000, 8), "float32"), ((8,), "float32"), ((2,), "float32")], 2)
-    assert plan.shards == ((Piece(0, (0, 500)), Piece(1)), (Piece(0, (500, 1000)), Piece(2)))
-    assert plan.shard_bytes() == [16032, 16008]
-    plan = plan_shards([((10, 1), "float32")], 3)  # longer ranges first
-    assert [held[0].rows for held in plan.shards] == [(0, 4), (4, 7), (7, 10)]
+def commits(n, workers=2):
+    rng = np.random.default_rng(5)
+    return [(CommitKey(RUN, 0, i % workers, i), Commit([rng.normal(size=s).astype(c.dtype) for s, c in
+                                                         zip(SHAPES, initial_center())], 1, 1, 0)) for i in range(n)]
 
 
-def test_a_single_shard_holds_every_tensor_whole():
-    weights = weights_for(MODELS["mlp"])
-    plan = plan_shards(weights, 1)
-    assert plan.shards == (tuple(Piece(i) for i in range(4)),)
-    assert all(a is b for a, b in zip(plan.join(plan.split(weights)), weights))
+def test_a_commit_that_reached_one_shard_completes_on_retry_applied_once_per_shard():
+    optimizer, center = get("delayednesterov", outer_momentum=0.5), initial_center()
+    plan = plan_shards(center, 2)
+    stores = shard_stores(center, plan, optimizer, "asynchronous", 2, RUN)
+    single = Store(center, optimizer, "asynchronous", 2, RUN)
+    with ShardedClient([InProcessClient(stores[0]), FailingClient(stores[1], fail_steps={1})], plan) as client:
+        for key, commit in commits(4):
+            expected = InProcessClient(single).commit(key, 1, commit)
+            if key.step == 1:
+                with pytest.raises(PSError, match=r"^shard 1 of 2 \(flaky\): commit step 1: injected failure$"):
+                    client.commit(key, 1, commit)
+                assert [s.clock for s in stores] == [2, 1]
+            reply = client.commit(key, 1, commit)
+            assert reply.clock == expected.clock
+            assert [c.tobytes() for c in reply.center] == [c.tobytes() for c in expected.center]
+        shard_metrics = client.metrics()["shards"]
+    assert [(m["commits_applied"], m["replays_dropped"]) for m in shard_metrics] == [(4, 1), (4, 0)]
+    assert [s.ledger() for s in stores] == [single.ledger()] * 2
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(plan.join([s.center() for s in stores]), single.center()))
 
 
-@pytest.mark.parametrize("shards", [0, -1, True, 1.5, "2", None])
-def test_shards_must_be_a_positive_int(shards):
-    with pytest.raises(ConfigError, match=rf"`shards` must be a positive int; received shards={shards!r}"):
-        plan_shards([(3,), "float32"], shards)
+def test_when_shard_clocks_disagree_the_reply_has_the_least_and_each_shard_its_own_base():
+    optimizer, center = get("dynsgd"), initial_center()  # DynSGD scales by each shard's staleness
+    plan = plan_shards(center, 2)
+    stores = shard_stores(center, plan, optimizer, "asynchronous", 2, RUN)
+    (key_a, commit_a), (key_b, commit_b) = commits(2)
+    with ShardedClient([InProcessClient(stores[0]), FailingClient(stores[1], {0})], plan) as a, \
+            ShardedClient([InProcessClient(s) for s in stores], plan) as b:
+        with pytest.raises(PSError, match="shard 1 of 2"):
+            a.commit(key_a, 1, commit_a)  # applied on shard 0 only
+        assert [s.clock for s in stores] == [1, 0] and b.health()["clock"] == 0
+        pulled = b.pull(1)
+        assert pulled.clock == 0  # the least shard clock: a base no shard can refuse
+        assert [c.tobytes() for c in pulled.center] == [c.tobytes() for c in plan.join([s.center() for s in stores])]
+        reply = b.commit(key_b, 1, Commit(commit_b.tensors, 1, 1, base_clock=pulled.clock))
+        assert reply.clock == 1 and [s.clock for s in stores] == [2, 1]
+        assert [s.metrics()["staleness"] for s in stores] == [{0: 2}, {0: 1}]  # shard 0 got base 1, shard 1 base 0
+        retried = a.commit(key_a, 1, commit_a)  # completes: a replay on shard 0, applied on shard 1
+        assert retried.clock == 2 and retried.tensors is None
+    assert [s.metrics()["staleness"] for s in stores] == [{0: 2}, {0: 1, 1: 1}]
+    assert [s.ledger() for s in stores][0] == [(key_a, 1), (key_b, 1)]
 
 
-def test_bad_tensors_are_refused_naming_the_argument():
-    with pytest.raises(ConfigError, match=r"`tensors` must hold at least one tensor; received an empty list"):
-        plan_shards([], 1)
-    with pytest.raises(ConfigError, match=r"`tensors\[1\]` must be an array or a \(shape, dtype\) pair; "
-                                          r"received 'oops'"):
-        plan_shards([np.zeros(3), "oops"], 1)
-    with pytest.raises(ConfigError, match=r"`tensors\[0\]` has a negative dimension; received shape=\(-1, 2\)"):
-        plan_shards([((-1, 2), "float32")], 1)
-    with pytest.raises(ConfigError, match=r"2 tensors of 12 bytes in all make only 2 pieces, so some of the shards "
-                                          r"would hold nothing; use fewer shards; received shards=3"):
-        plan_shards([((1, 2), "float32"), ((), "float32")], 3)
+# ----------------------------------------------------------------- the client
+def test_errors_name_the_shard_and_keep_their_kind():
+    center = initial_center()
+    plan = plan_shards(center, 3)
+    stores = shard_stores(center, plan, get("downpour"), "asynchronous", 2, RUN)
+    with ShardedClient([InProcessClient(s) for s in stores], plan) as client:
+        client.commit(CommitKey(RUN, 0, 0, 0), 5, Commit(center, 1, 1, 0))
+        with pytest.raises(StaleAttemptError, match=r"^shard 0 of 3 \(in-process\): .*superseded by task attempt 5.*"
+                                                    r"\(shards \[1, 2\] failed too\)$"):
+            client.commit(CommitKey(RUN, 0, 0, 1), 4, Commit(center, 1, 1, 0))
+        with pytest.raises(PSError, match=r"rejected by shards\[in-process, in-process, in-process\]: "
+                                          r"split: expected 5 tensors, received 4"):
+            client.commit(CommitKey(RUN, 0, 0, 2), 5, Commit(center[:4], 1, 1, 0))
+        with pytest.raises(PSError, match=r"^pull \(worker 0\): shards\[in-process, in-process, in-process\] sent an "
+                                          r"invalid reply: center tensor 0: expected float64\[9, 4\], received float32"):
+            client.pull(0, template=[np.zeros((9, 4), np.float64), *center[1:]])
+        health = client.health()
+        assert health["status"] == "ok" and health["clock"] == 1 and len(health["shards"]) == 3
+    with pytest.raises(PSError, match="the sharded client is closed"):
+        client.pull(0)
 
 
-def test_split_and_join_refuse_what_does_not_fit_the_plan():
-    weights = weights_for(MODELS["mlp"])
-    plan = plan_shards(weights, 2)
-    with pytest.raises(DataError, match=r"split: expected 4 tensors, received 3"):
-        plan.split(weights[:3])
-    with pytest.raises(DataError, match=r"split: tensor 1: expected float64\[32\], received float32\[32\]"):
-        plan.split([weights[0], weights[1].astype(np.float32), *weights[2:]])
-    parts = plan.split(weights)
-    with pytest.raises(DataError, match=r"join: expected 2 shards' tensors, received 1"):
-        plan.join(parts[:1])
-    with pytest.raises(DataError, match=r"join: shard 1: expected \d tensors, received 0"):
-        plan.join([parts[0], []])
-    bad = [[a[:1] if a.ndim else a for a in parts[0]], parts[1]]
-    with pytest.raises(DataError, match=r"join: shard 0, tensor 0 \(a piece of tensor 0\): expected float32\[32, 32\]"):
-        plan.join(bad)
-    assert isinstance(plan, ShardPlan)
+def test_a_foreign_error_becomes_a_ps_error_naming_the_shard():
+    class Broken(InProcessClient):
+        def pull(self, worker, template=None, epoch=None):
+            raise OSError("disk on fire")
+
+    center = initial_center()
+    plan = plan_shards(center, 2)
+    stores = shard_stores(center, plan, get("downpour"), "asynchronous", 1, RUN)
+    with ShardedClient([InProcessClient(stores[0]), Broken(stores[1])], plan) as client:
+        with pytest.raises(PSError, match=r"pull \(worker 0\) to shard 1 of 2 \(in-process\) failed: "
+                                          r"OSError\('disk on fire'\)"):
+            client.pull(0)
 
 
-# ----------------------------------------------------------- how many shards
-MB = 10**6
+def test_client_settings_are_validated_and_it_refuses_to_pickle():
+    center = initial_center()
+    plan = plan_shards(center, 2)
+    stores = shard_stores(center, plan, get("downpour"), "asynchronous", 1, RUN)
+    with pytest.raises(ConfigError, match=r"`clients` must hold one client per shard of the plan \(2\); "
+                                          r"received 1 clients"):
+        ShardedClient([InProcessClient(stores[0])], plan)
+    with pytest.raises(ConfigError, match=r"`clients\[1\]` lacks the client method\(s\) \['health'"):
+        ShardedClient([InProcessClient(stores[0]), object()], plan)
+    with pytest.raises(ConfigError, match=r"`plan` must be a ShardPlan \(from plan_shards\); received plan=2"):
+        ShardedClient([], 2)
+    with ShardedClient([InProcessClient(s) for s in stores], plan) as client:
+        client.pull(0)
+        assert [t.name for t in threading.enumerate() if t.name.startswith("elephant-ps-shards")]
+        with pytest.raises(TypeError, match="build one inside each Spark task"):
+            pickle.dumps(client)
+    client.close()  # idempotent
 
 
-@pytest.mark.parametrize("model_bytes, workers, interval, expected", [
-    (32_000, 4, 1.0, 1),         # a small model, few workers
-    (1 * MB, 8, 2.0, 1),
-    (1 * MB, 64, 0.25, 1),       # 256 commits/s of 1 MB: 0.32 of a core, 0.26 GB/s
-    (1 * MB, 512, 2.0, 1),
-    (40 * MB, 8, 2.0, 1),        # 4 commits/s of 40 MB: 0.16 GB/s, 0.11 core
-    (40 * MB, 8, 0.25, 3),       # 32 commits/s: 1.28 GB/s over 0.5 GB/s a shard = 2.56
-    (40 * MB, 64, 2.0, 3),       # the scale notes' saturating case: 1.28 GB/s each way
-    (40 * MB, 64, 30.0, 1),
-    (400 * MB, 8, 30.0, 1),
-    (400 * MB, 64, 30.0, 2),     # 2.1 commits/s: 0.85 GB/s, 0.6 core
-    (400 * MB, 64, 2.0, 16),     # needs 26: capped
-])
-def test_choose_shards(model_bytes, workers, interval, expected):
-    assert choose_shards(model_bytes, workers, interval) == expected
+def test_what_cannot_be_sharded_is_refused():
+    class GlobalClip(DistributedOptimizer):  # clips a commit by its norm over all tensors: not elementwise
+        def apply(self, state, center, clock, worker, commit):
+            norm = np.sqrt(sum(float(np.vdot(t, t)) for t in commit.tensors))
+            return [c + t / max(1.0, norm) for c, t in zip(center, commit.tensors)], None, state
+
+    center = initial_center()
+    plan = plan_shards(center, 2)
+    with pytest.raises(ConfigError, match=r"a sharded parameter server cannot apply `norm_guard`: .*"
+                                          r"received norm_guard=3.0"):
+        shard_stores(center, plan, get("downpour"), "asynchronous", 1, RUN, norm_guard=3.0)
+    with pytest.raises(ConfigError, match=r"GlobalClip's server rule is not declared elementwise .*received "
+                                          r"optimizer=GlobalClip\(window=1, staleness_bound=None\)"):
+        shard_stores(center, plan, GlobalClip(), "asynchronous", 1, RUN)
+    with pytest.raises(ConfigError, match=r"`plan` must be a ShardPlan"):
+        shard_stores(center, None, get("downpour"), "asynchronous", 1, RUN)
+    check_shardable(get("downpour"))
 
 
-def test_choose_shards_settings_and_warnings(caplog):
-    assert choose_shards(40 * MB, 64, 2.0, utilization=1.0) == 2
-    assert choose_shards(400 * MB, 64, 2.0, max_shards=64) == 26
-    with caplog.at_level(logging.WARNING, logger="elephant.ps.shards"):
-        assert choose_shards(400 * MB, 64, 2.0, max_shards=4) == 4
-        assert choose_shards(10_000, 512, 0.25) == 1  # 2048 commits/s: request-bound, shards cannot help
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("26 shards are needed" in m and "capped at max_shards=4" in m for m in messages)
-    assert any("2048.0 commits/s" in m and "commit less often" in m for m in messages)
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    ({"model_bytes": -1}, r"`model_bytes` must be an int >= 0; received model_bytes=-1"),
-    ({"model_bytes": 1.5}, r"`model_bytes` must be an int >= 0; received model_bytes=1.5"),
-    ({"num_workers": 0}, r"`num_workers` must be an int >= 1; received num_workers=0"),
-    ({"num_workers": True}, r"`num_workers` must be an int >= 1; received num_workers=True"),
-    ({"commit_interval": 0}, r"`commit_interval` must be a finite number > 0; received commit_interval=0"),
-    ({"commit_interval": float("inf")}, r"`commit_interval` must be a finite number > 0; received commit_interval=inf"),
-    ({"utilization": 1.5}, r"`utilization` must be a finite number in \(0, 1\]; received utilization=1.5"),
-    ({"utilization": 0.0}, r"`utilization` must be a finite number > 0; received utilization=0.0"),
-    ({"max_shards": 0}, r"`max_shards` must be an int >= 1; received max_shards=0"),
-])
-def test_choose_shards_refuses_bad_arguments(kwargs, match):
-    args = {"model_bytes": MB, "num_workers": 4, **kwargs}
-    with pytest.raises(ConfigError, match=match):
-        choose_shards(**args)
+# -------------------------------------------------------------- over HTTP
+def test_shards_served_over_http_give_one_store_s_centers():
+    optimizer, center = get("delayednesterov", outer_momentum=0.5), initial_center()
+    plan = plan_shards(center, 2)
+    stores = shard_stores(center, plan, optimizer, "asynchronous", 2, RUN)
+    single = InProcessClient(Store(center, optimizer, "asynchronous", 2, RUN))
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(PSServer(create_app(s, TOKEN), host="127.0.0.1")) for s in stores]
+        with ShardedClient([PSClient(server.url, TOKEN) for server in servers], plan) as client:
+            assert client.pull(0, template=center).clock == 0
+            for key, commit in commits(5):
+                reply, expected = client.commit(key, 1, commit, template=center), single.commit(key, 1, commit)
+                assert reply.clock == expected.clock
+                assert [c.tobytes() for c in reply.center] == [c.tobytes() for c in expected.center]
+            last_key, last_commit = commits(5)[-1]
+            replay = client.commit(last_key, 1, last_commit)
+            for w in range(2):
+                client.finish(RUN, 0, w, 1)
+            metrics = client.metrics()
+    assert replay.clock == 5 and replay.tensors is None
+    assert [m["commits_applied"] for m in metrics["shards"]] == [5, 5] and metrics["bytes_in"] > 0
+    assert [m["replays_dropped"] for m in metrics["shards"]] == [1, 1]
