@@ -61,7 +61,7 @@ import numpy as np
 from elephant.errors import ConfigError, DataError, ElephantError, ProtocolError, PSError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, Reply
-from elephant.ps.client import _check_template, _commit_what
+from elephant.ps.client import check_template, commit_what
 from elephant.ps.shards import ShardPlan
 from elephant.ps.store import Store
 
@@ -147,8 +147,9 @@ class ShardedClient:
         self._clients, self._plan = clients, plan
         self._addresses = [str(getattr(c, "address", type(c).__name__)) for c in clients]
         self.address = "shards[" + ", ".join(self._addresses) + "]"
-        self._pool = (ThreadPoolExecutor(len(clients) - 1, thread_name_prefix="elephant-ps-shards")
-                      if len(clients) > 1 else None)
+        self._pool: ThreadPoolExecutor | None = None
+        if len(clients) > 1:
+            self._pool = ThreadPoolExecutor(len(clients) - 1, thread_name_prefix="elephant-ps-shards")
         self._lock = threading.Lock()
         self._clocks: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()
         self._closed = False
@@ -215,7 +216,7 @@ class ShardedClient:
 
     def _checked(self, reply: Reply, template: Sequence[Any] | None, what: str) -> Reply:
         try:
-            return _check_template(reply, template)
+            return check_template(reply, template)
         except ProtocolError as exc:
             raise PSError(f"{what}: {self.address} sent an invalid reply: {exc}") from None
 
@@ -242,7 +243,7 @@ class ShardedClient:
     def commit(self, key: CommitKey, attempt: int, commit: Commit, template: Sequence[Any] | None = None) -> Reply:
         """Send each shard its slice of ``commit``; the joined reply."""
         key = CommitKey(*key)
-        what = _commit_what(key, attempt)
+        what = commit_what(key, attempt)
         try:
             parts = self._plan.split(commit.tensors)
         except DataError as exc:
