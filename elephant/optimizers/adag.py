@@ -67,6 +67,7 @@ class ADAG(NormalizedDeltas, DistributedOptimizer):
     name = "adag"
     modes = ("asynchronous",)
     default_window = 12
+    elementwise = True
     averaging_shortfall = "up to 5 points behind on an MLP with Adam"
 
     def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None,

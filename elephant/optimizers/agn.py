@@ -137,6 +137,7 @@ class AGN(NormalizedDeltas, DistributedOptimizer):
     aliases = ("adag_distkeras",)
     modes = ("asynchronous", "hogwild")
     default_window = 12
+    elementwise = True
     averaging_shortfall = "2.5 points behind on an MLP with Adam"
 
     def __init__(self, window=None, step_scale=None, staleness_bound=None, sqrt_scaling=None):

@@ -58,6 +58,7 @@ class ModelAveraging(DistributedOptimizer):
     aliases = ("averaging", "model_averaging", "localsgd")
     modes = ("synchronous",)
     default_window = 8
+    elementwise = True
     window_from_costs = 8
     splits_batch = True
     streams_rounds = True

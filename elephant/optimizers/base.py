@@ -176,6 +176,14 @@ class DistributedOptimizer:
     #: keeps its window. A rule whose default is one commit per pass keeps that on
     #: passes shorter than two such windows.
     window_from_costs: ClassVar[int | None] = None
+    #: Whether the server rule treats every element of the tensors on its own: it never
+    #: reduces over elements or tensors (no global norm or mean), and the scalars it uses
+    #: come from the commit's counts, the clock, the number of workers or its hyper-parameters.
+    #: A sharded parameter server (:mod:`elephant.ps.shard_client`) then applies it to
+    #: slices of the tensors and gets the bytes one store gets; it refuses a rule without
+    #: it. A subclass that overrides a server rule inherits the flag: reset it if the new
+    #: rule reduces over the tensors.
+    elementwise: ClassVar[bool] = False
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:

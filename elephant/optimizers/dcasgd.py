@@ -70,6 +70,7 @@ class DCASGD(DistributedOptimizer):
     name = "dcasgd"
     modes = ("asynchronous",)
     default_window = 1
+    elementwise = True
 
     def __init__(self, window=None, learning_rate=0.01, lambda_dc=0.04, adaptive=False, decay=0.95,
                  epsilon=1e-7, staleness_bound=None):

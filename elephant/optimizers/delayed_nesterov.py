@@ -78,6 +78,7 @@ class DelayedNesterov(DistributedOptimizer):
     aliases = ("delayed_nesterov",)
     modes = ("asynchronous",)
     default_window = None
+    elementwise = True
     window_from_costs = 32
     splits_batch = True
 

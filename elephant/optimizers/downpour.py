@@ -43,6 +43,7 @@ class Downpour(DistributedOptimizer):
     name = "downpour"
     modes = ("asynchronous", "hogwild")
     default_window = 1
+    elementwise = True
 
     def setup_warning(self, window, num_workers, batch_split):
         if num_workers > 1 and window is None:

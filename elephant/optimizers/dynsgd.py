@@ -49,6 +49,7 @@ class DynSGD(SqrtScaling, DistributedOptimizer):
     name = "dynsgd"
     modes = ("asynchronous", "hogwild")
     default_window = 5
+    elementwise = True
     splits_batch = True
     averaging_shortfall = "up to 4 points behind on a Conv1D with momentum SGD"
 

@@ -64,6 +64,7 @@ class _Elastic(DistributedOptimizer):
     """
 
     splits_batch = True
+    elementwise = True
 
     def __init__(self, window=None, alpha=None, *, rho=None, learning_rate=None, staleness_bound=None,
                  progress_scale=None):

@@ -11,6 +11,10 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.transport` -- how a client's bytes travel (its own connections, or a session);
 * :mod:`elephant.ps.client` -- HTTP client with timeouts and safe retries, and an
   in-process client with the same methods.
+* :mod:`elephant.ps.shards` -- which rows of which tensors each shard of a sharded
+  server holds, and how many shards (pure decisions);
+* :mod:`elephant.ps.shard_client` -- one store per shard, and a client with the same
+  methods that sends each request to every shard in parallel.
 
 Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """

@@ -47,11 +47,13 @@ _MAX_BACKOFF = 5.0
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def _commit_what(key: CommitKey, attempt: int) -> str:
+def commit_what(key: CommitKey, attempt: int) -> str:
+    """How errors name a commit: ``"commit (run r, epoch e, partition p, step s, attempt a)"``."""
     return f"commit (run {key.run}, epoch {key.epoch}, partition {key.partition}, step {key.step}, attempt {attempt})"
 
 
-def _check_template(reply: Reply, template: Sequence[Any] | None) -> Reply:
+def check_template(reply: Reply, template: Sequence[Any] | None) -> Reply:
+    """``reply`` itself; raises :class:`ProtocolError` if its center's count, shapes or dtypes differ from ``template``."""
     if template is not None:
         if len(template) != len(reply.center):
             raise ProtocolError(f"expected {len(template)} center tensors, received {len(reply.center)}")
@@ -158,7 +160,7 @@ class PSClient:
     def commit(self, key: CommitKey, attempt: int, commit: Commit, template: Sequence[Any] | None = None) -> Reply:
         """Send one commit; returns the server's reply (new center, rule tensors)."""
         key = CommitKey(*key)
-        what = _commit_what(key, attempt)
+        what = commit_what(key, attempt)
         body = wire.encode_commit(key, attempt, commit)
         return self._decode(self._request("POST", "/commit", what, body), template, what)
 
@@ -239,7 +241,7 @@ class InProcessClient:
     def pull(self, worker: int, template: Sequence[Any] | None = None, epoch: int | None = None) -> Reply:
         what = f"pull (worker {worker})"
         try:
-            return _check_template(self._store.pull(worker, epoch), template)
+            return check_template(self._store.pull(worker, epoch), template)
         except (ProtocolError, DataError) as exc:
             raise PSError(_rejected(what, self._where(), exc)) from None
 
@@ -248,9 +250,9 @@ class InProcessClient:
         tensors = [np.array(t, copy=True) for t in commit.tensors]
         copied = Commit(tensors=tensors, num_steps=commit.num_steps, num_samples=commit.num_samples, base_clock=commit.base_clock)
         try:
-            return _check_template(self._store.commit(key, attempt, copied), template)
+            return check_template(self._store.commit(key, attempt, copied), template)
         except (ProtocolError, DataError) as exc:
-            raise PSError(_rejected(_commit_what(key, attempt), self._where(), exc)) from None
+            raise PSError(_rejected(commit_what(key, attempt), self._where(), exc)) from None
 
     def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
