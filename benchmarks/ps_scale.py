@@ -427,7 +427,7 @@ class ClientPool:
 
 # ------------------------------------------------------------------- phases
 def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int = 1,
-                   link: shaped_link.ShapedLink | None = None, store_workers: int = 8) -> dict:
+                   link: shaped_link.ShapedLink | None = None, store_workers: int = 8, warmup: int = 3) -> dict:
     """Phase (a) for one size: back-to-back commits from this thread; CPU of client and server per commit.
 
     The store is made for ``store_workers`` partitions (8), as a fit's would
@@ -441,7 +441,7 @@ def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int
         idle0, t_idle = servers.cpu_seconds(), time.perf_counter()
         time.sleep(0.5)
         idle_rate = (servers.cpu_seconds() - idle0) / (time.perf_counter() - t_idle)
-        for _ in range(3):
+        for _ in range(warmup):
             worker.commit()
         seconds: list[float] = []
         server0, client0, wall0 = servers.cpu_seconds(), time.thread_time(), time.perf_counter()
@@ -528,9 +528,11 @@ def shaped_rows(rates: Sequence[str], sizes: Sequence[str], rule: str, budget: f
             for label in sizes:
                 nbytes = SIZES[label]
                 ideal = 2 * nbytes * 8 / bits
-                row = cpu_per_commit(label, nbytes, commits_for(ideal, budget, high=COMMITS[label]), rule, link=link)
+                row = cpu_per_commit(label, nbytes, commits_for(ideal, budget, high=COMMITS[label]), rule, link=link,
+                                     warmup=1)
                 median = row["commit_ms"]["median_ms"] / 1e3
-                rows.append(row | {"rate": text, "rate_bits": bits, "ideal_ms": round(1e3 * ideal, 3),
+                rows.append(row | {"rate": text, "rate_bits": bits, "burst_bytes": shaped_link.tbf_burst(bits),
+                                   "ideal_ms": round(1e3 * ideal, 3),
                                    "ratio_to_ideal": round(median / ideal, 3),
                                    "effective_mbit_per_direction": round(nbytes * 8 / (median / 2) / 1e6, 1)})
     return rows, None
@@ -660,7 +662,7 @@ def main(argv: list[str] | None = None) -> dict:
         if why:
             print(f"\n(c) shaped link skipped: {why}")
         else:
-            print(f"\n(c) shaped link (netns + veth + tbf each way), one client")
+            print("\n(c) shaped link (netns + veth + tbf each way), one client")
             print(f"{'rate':>8} {'size':>6} {'median ms':>9} {'ideal ms':>9} {'ratio':>6} {'Mbit/s each way':>15}")
             for row in shaped:
                 print(f"{row['rate']:>8} {row['size']:>6} {row['commit_ms']['median_ms']:9.2f} {row['ideal_ms']:9.2f} "
