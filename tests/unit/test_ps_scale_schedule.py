@@ -124,7 +124,8 @@ def test_offered_rates_are_fractions_of_the_measured_capacity():
         S.offered_rates(0, [0.5])
 
 
-@pytest.mark.parametrize("text, bits", [("100mbit", 10**8), ("1gbit", 10**9), ("500kbit", 5 * 10**5), ("2e8", 2 * 10**8)])
+@pytest.mark.parametrize("text, bits", [("100mbit", 10**8), ("1gbit", 10**9), ("500kbit", 5 * 10**5),
+                                        ("2e8", 2 * 10**8)])
 def test_parse_rate(text, bits):
     assert S.shaped_link.parse_rate(text) == bits
 
