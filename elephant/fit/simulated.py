@@ -2,10 +2,11 @@
 
 :func:`simulate_fit` takes the arguments of ``SparkModel(...).fit(...)`` and
 plays the fit through :func:`~elephant.optimizers.simulate` with one Keras
-replica per worker, rebuilt from the model's ``.keras`` archive exactly as a
-Spark task rebuilds it (so each replica keeps its own compiled optimizer and
-its state across windows and epochs, as a cached worker model does). The data
-are split into the same shards as :meth:`elephant.SparkModel.fit` splits numpy
+replica per worker: its own variables (weights, optimizer state across windows
+and epochs, as a cached worker model keeps them), trained on one model rebuilt
+from the model's ``.keras`` archive exactly as a Spark task rebuilds it and
+shared by the workers in turn (or one model each, ``share_model=False``). The
+data are split into the same shards as :meth:`elephant.SparkModel.fit` splits numpy
 input, each worker reshuffles its shard every epoch and commits after every
 ``window`` steps plus a flushed partial window, and the workers are interleaved
 as equally fast machines would be (``schedules.timed``; give ``step_times`` for
