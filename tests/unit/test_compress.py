@@ -82,7 +82,7 @@ def test_int8_error_is_within_half_a_scale_per_element(block):
     codes, scales = int8_encode(x, block)
     out = int8_decode(codes, scales, block).astype(np.float64)
     per = np.repeat(scales.astype(np.float64), x.size if block is None else block)[: x.size]
-    assert np.all(np.abs(out - x) <= per / 2 + np.abs(out) * F32_EPS / 2)
+    assert np.all(np.abs(out - x) <= per * (0.5 + 2.0**-16))
     assert np.abs(codes).max() == 127
 
 
