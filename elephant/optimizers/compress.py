@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from elephant.errors import ConfigError
 from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, get, register, serialize
 from elephant.optimizers.codecs import (DEFAULT_BLOCK, Codec, decode_layout, encode_with_feedback, layout_template,
                                         zero_residual)
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["Compressed"]
 
