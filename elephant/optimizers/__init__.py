@@ -15,9 +15,14 @@ EAMSGD             ``"eamsgd"``          asynchronous, hogwild                 3
 ModelAveraging     ``"modelaveraging"``  synchronous                           8
 DCASGD             ``"dcasgd"``          asynchronous                          1
 DelayedNesterov    ``"delayednesterov"`` asynchronous                          pass
+Compressed         ``"compressed"``      asynchronous                          pass
 =================  ====================  ====================================  ======
 
 "pass" is one commit per partition pass (``frequency="epoch"``).
+:class:`Compressed` is a rule transform: it wraps another rule (default
+``"delayednesterov"``, whose modes and window the row gives) and sends its
+commits encoded in ``int8`` or ``bf16`` with error feedback
+(:mod:`elephant.optimizers.codecs`); the modes and window are the inner rule's.
 """
 
 from elephant.optimizers.base import (
@@ -43,6 +48,7 @@ from elephant.optimizers.easgd import AEASGD, EAMSGD, EASGD
 from elephant.optimizers.averaging import ModelAveraging
 from elephant.optimizers.dcasgd import DCASGD
 from elephant.optimizers.delayed_nesterov import DelayedNesterov
+from elephant.optimizers.compress import Compressed
 from elephant.optimizers.simulate import ScheduleError, Trace, simulate
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "ModelAveraging",
     "DCASGD",
     "DelayedNesterov",
+    "Compressed",
     "worker_batch_size",
     "simulate",
     "simulate_fit",

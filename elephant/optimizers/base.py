@@ -210,6 +210,16 @@ class DistributedOptimizer:
         """Local weights after the server's reply (default: adopt the center)."""
         return reply.center, state
 
+    def commit_template(self, template: Weights) -> Weights:
+        """Arrays with the shapes and dtypes of this rule's commit payload for weights like ``template``.
+
+        The runtime checks every commit against it (the simulator, the PS store
+        and the wire decoder). Default: ``template`` itself, a payload shaped
+        like the weights; a rule that sends something else (an encoded payload,
+        :class:`~elephant.optimizers.compress.Compressed`) returns its layout.
+        """
+        return list(template)
+
     # ----------------------------------------------------------------- server
     def server_init(self, center: Weights, num_workers: int) -> Any:
         """Server-rule state at the start of a fit (default: none)."""

@@ -176,6 +176,7 @@ class _Simulation:
         self.keep_centers = keep_centers
         self.overlap = overlap
         self.template = init
+        self.commit_template = optimizer.commit_template(init)
         self.grad_fns = grad_fns
         self.mode = mode
         self.local_step = local_step
@@ -259,7 +260,7 @@ class _Simulation:
 
     def _commit(self, index, k, w, count):
         tensors, w.state = self.opt.make_commit(w.state, w.weights, w.pulled, w.steps)
-        W.check_same_structure(self.template, tensors, f"commit of worker {k}")
+        W.check_same_structure(self.commit_template, tensors, f"commit of worker {k}")
         commit = Commit(tensors=tensors, num_steps=w.steps, num_samples=w.samples, base_clock=w.base_clock)
         w.commits += 1
         if self.mode == "synchronous":

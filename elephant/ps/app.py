@@ -161,7 +161,7 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         with intake:
             body = _read_body()
             received = body.nbytes
-            key, attempt, payload = wire.decode_commit(body, store.template)
+            key, attempt, payload = wire.decode_commit(body, store.commit_template)
             del body  # the payload's arrays may view it: both go once the store has summed them
             wait = store.submit(key, attempt, payload, check_finite=False)  # decode checked finiteness
             del payload

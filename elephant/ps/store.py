@@ -108,6 +108,14 @@ def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
+def _squared_norm(t: Any) -> float:
+    """``‖t‖²``; integer tensors (an encoded commit's codes) in float64, where their own dtype would overflow."""
+    t = np.asarray(t)
+    if t.dtype.kind in "iub":
+        t = t.astype(np.float64)
+    return float(np.vdot(t, t).real)
+
+
 def _int_arg(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ProtocolError(f"`{name}` must be an int >= 0; received {name}={value!r}")
@@ -154,6 +162,7 @@ class Store:
         if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
             raise ConfigError(f"`round_timeout` must be > 0 seconds; received round_timeout={round_timeout!r}")
         self._center = _freeze([np.array(a, copy=True) for a in center])
+        self._commit_template = optimizer.commit_template(self._center)  # the center's structure, or an encoded layout
         self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
         self._round_timeout = float(round_timeout)
         if norm_guard is not None and not (isinstance(norm_guard, (int, float)) and not isinstance(norm_guard, bool)
@@ -188,6 +197,8 @@ class Store:
         lambda self: self._mode == "synchronous" and self._optimizer.streams_rounds,
         doc="Whether synchronous rounds are summed as their commits arrive (the rule's ``streams_rounds``).")
     template = property(lambda self: list(self._center), doc="The center as read-only arrays (shapes, dtypes).")
+    commit_template = property(lambda self: list(self._commit_template),
+                               doc="Arrays with the shapes and dtypes of a commit (the rule's ``commit_template``).")
 
     def center(self) -> list[np.ndarray]:
         """A writable copy of the center weights."""
@@ -349,9 +360,9 @@ class Store:
             self._check_partition(key.partition)
             for name in ("num_steps", "num_samples", "base_clock"):
                 _int_arg(name, getattr(commit, name))
-            if len(commit.tensors) != len(self._center):
-                raise ProtocolError(f"expected {len(self._center)} tensors, received {len(commit.tensors)}")
-            for i, (c, t) in enumerate(zip(self._center, commit.tensors)):
+            if len(commit.tensors) != len(self._commit_template):
+                raise ProtocolError(f"expected {len(self._commit_template)} tensors, received {len(commit.tensors)}")
+            for i, (c, t) in enumerate(zip(self._commit_template, commit.tensors)):
                 if getattr(t, "shape", None) != c.shape or getattr(t, "dtype", None) != c.dtype:
                     got = f"{getattr(t, 'dtype', type(t).__name__)}{list(getattr(t, 'shape', ()))}"
                     raise ProtocolError(f"tensor {i}: expected {c.dtype}{list(c.shape)}, received {got}")
@@ -392,7 +403,7 @@ class Store:
         """The commit's L2 norm when the guard is on (computed before the lock is taken)."""
         if self._norm_guard is None:
             return None
-        return math.sqrt(sum(float(np.vdot(t, t).real) for t in commit.tensors))
+        return math.sqrt(sum(_squared_norm(t) for t in commit.tensors))
 
     def _check_norm(self, norm: float | None, what: str) -> None:
         """Refuse a norm far beyond the recent ones (lock held); remember an accepted one."""

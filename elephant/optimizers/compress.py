@@ -1,0 +1,168 @@
+"""Compressed commits as a rule transform: ``Compressed(inner, codec, block)`` wraps any rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elephant.errors import ConfigError
+from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, get, register, serialize
+from elephant.optimizers.codecs import (DEFAULT_BLOCK, Codec, decode_layout, encode_with_feedback, layout_template,
+                                        zero_residual)
+
+__all__ = ["Compressed"]
+
+
+def _decoded(codec: Codec, commit: Commit) -> Commit:
+    return Commit(tensors=decode_layout(codec, commit.tensors), num_steps=commit.num_steps,
+                  num_samples=commit.num_samples, base_clock=commit.base_clock)
+
+
+@register
+class Compressed(DistributedOptimizer):
+    """Any rule with its commits encoded by a lossy codec and error feedback on the worker.
+
+    Worker: the inner rule makes its payload ``p`` (a delta, a normalised delta or,
+    for EASGD, weights); the worker sends the encoded ``t = p + r`` and keeps the
+    residual ``r ← t − decode(encode(t))`` in its state for the next window, so
+    over a partition pass the decoded payloads add up to the inner rule's
+    exactly, less the last residual (at most half a quantisation step per
+    element, see :mod:`elephant.optimizers.codecs`). Replies are the inner
+    rule's, unchanged.
+
+    Server: decodes the commit to float32 and calls the inner rule, so every
+    rule keeps its meaning; with ``streams_rounds`` each commit is decoded as it
+    is added to the round, keeping the server's memory at one model.
+
+    What travels is the encoded layout (:func:`~elephant.optimizers.codecs.layout_template`:
+    the ``int8`` or ``uint16`` codes in each tensor's shape, then the float32
+    scales), so the wire's checksum covers the encoded bytes; ``int8`` with
+    blocks of 256 sends 3.9 times fewer bytes than float32, ``bf16`` 2 times.
+
+    The rule transform is a :class:`DistributedOptimizer` holding the inner one,
+    not a hook in the runtime: it is one picklable object that ``get()``,
+    ``SparkModel(optimizer=...)``, :func:`~elephant.optimizers.simulate` and
+    ``simulate_fit`` take as they are, and the runtime only learns the payload's
+    structure from :meth:`commit_template`. Modes, window, batch split, overlap
+    and round streaming are the inner rule's.
+
+    Not done: replies stay dense centers (a synchronous round could broadcast the
+    quantised averaged delta instead); the residual lives in the worker state of
+    one partition pass and is dropped at its end (so with one commit per pass,
+    the asynchronous default's short-pass setting, error feedback never carries
+    over); with ``norm_guard`` the store measures the encoded arrays, a proxy.
+
+    Args:
+        inner: the rule to compress: a name, a config dict or an instance.
+            Default ``"delayednesterov"`` (the asynchronous default rule).
+        codec: ``"int8"`` (default) or ``"bf16"``.
+        block: ``int8`` elements per scale along the flattened tensor; default
+            256; None: one scale per tensor. ``bf16`` ignores it (kept as None).
+        window: when given, replaces the inner rule's window. Default None (keep it).
+        staleness_bound: when given, replaces the inner rule's SSP bound. Default None (keep it).
+
+    Raises:
+        ConfigError: an unknown inner rule, codec or an invalid block.
+
+    Reference: F. Seide et al., "1-bit stochastic gradient descent and its
+    application to data-parallel distributed training of speech DNNs",
+    Interspeech 2014 (error feedback); T. Dettmers, "8-bit approximations for
+    parallelism in deep learning", ICLR 2016; S. P. Karimireddy et al., "Error
+    feedback fixes SignSGD and other gradient compression schemes", ICML 2019.
+    """
+
+    name = "compressed"
+    aliases = ("compress",)
+    modes = MODES  # the registry's check; each instance has its inner rule's modes
+
+    def __init__(self, inner: Any = "delayednesterov", codec: str = "int8", block: int | None = DEFAULT_BLOCK,
+                 window: int | None = None, staleness_bound: int | None = None):
+        if isinstance(inner, Compressed):
+            raise ConfigError(f"`inner` must be an uncompressed rule; received inner={inner!r}")
+        if not isinstance(inner, (str, dict, DistributedOptimizer)):
+            raise ConfigError(f"`inner` must be an optimizer name, config dict or instance; received inner={inner!r}")
+        inner = get(inner)
+        if isinstance(inner, Compressed):  # a name or dict that resolved to this class
+            raise ConfigError(f"`inner` must be an uncompressed rule; received inner={inner!r}")
+        overrides = {k: v for k, v in (("window", window), ("staleness_bound", staleness_bound)) if v is not None}
+        if overrides:
+            inner = type(inner).from_config({**inner.get_config(), **overrides})
+        self.inner = inner
+        self.codec = Codec(codec, block)
+        # The runtime reads these per instance: they are the inner rule's.
+        self.modes = inner.modes
+        self.default_window = inner.default_window
+        self.splits_batch = inner.splits_batch
+        self.averaging_shortfall = inner.averaging_shortfall
+        self.overlaps = inner.overlaps
+        self.streams_rounds = inner.streams_rounds
+        self.window_from_costs = inner.window_from_costs
+        self.window = inner.window
+        self.staleness_bound = inner.staleness_bound
+
+    @property
+    def outer(self) -> Any:
+        """The inner rule's outer momentum step, if it has one (read by the fit-start warnings)."""
+        return getattr(self.inner, "outer", None)
+
+    # ----------------------------------------------------------------- worker
+    def commit_template(self, template):
+        return layout_template(self.codec, self.inner.commit_template(template))
+
+    def worker_init(self, center):
+        return {"inner": self.inner.worker_init(center), "residual": None}
+
+    def make_commit(self, state, weights, pulled, num_steps):
+        payload, inner_state = self.inner.make_commit(state["inner"], weights, pulled, num_steps)
+        residual = state["residual"] if state["residual"] is not None else zero_residual(payload)
+        layout, residual = encode_with_feedback(self.codec, payload, residual)
+        return layout, {"inner": inner_state, "residual": residual}
+
+    def on_reply(self, state, weights, reply):
+        weights, inner_state = self.inner.on_reply(state["inner"], weights, reply)
+        return weights, {**state, "inner": inner_state}
+
+    # ----------------------------------------------------------------- server
+    def server_init(self, center, num_workers):
+        return self.inner.server_init(center, num_workers)
+
+    def on_pull(self, state, center, clock, worker):
+        return self.inner.on_pull(state, center, clock, worker)
+
+    def on_learning_rate_change(self, state, ratio):
+        return self.inner.on_learning_rate_change(state, ratio)
+
+    def apply(self, state, center, clock, worker, commit):
+        return self.inner.apply(state, center, clock, worker, _decoded(self.codec, commit))
+
+    def apply_round(self, state, center, clock, commits):
+        return self.inner.apply_round(state, center, clock, {k: _decoded(self.codec, c) for k, c in commits.items()})
+
+    def round_begin(self, num_workers):
+        return self.inner.round_begin(num_workers)
+
+    def round_add(self, acc, worker, commit):
+        return self.inner.round_add(acc, worker, _decoded(self.codec, commit))
+
+    def round_end(self, state, center, clock, acc, workers):
+        return self.inner.round_end(state, center, clock, acc, workers)
+
+    # ----------------------------------------------------------------- fit
+    def local_optimizer_mismatch(self, local):
+        return self.inner.local_optimizer_mismatch(local)
+
+    def setup_warning(self, window, num_workers, batch_split):
+        return self.inner.setup_warning(window, num_workers, batch_split)
+
+    def for_fit(self, local, num_workers, batch_split, window):
+        inner = self.inner.for_fit(local, num_workers, batch_split, window)
+        return self if inner is self.inner else Compressed(inner, self.codec.name, self.codec.block)
+
+    def describe(self, num_workers):
+        block = "" if self.codec.name == "bf16" else f", block={self.codec.block}"
+        return f"{self.inner.describe(num_workers)}; commits compressed with {self.codec.name}{block} and error feedback"
+
+    def get_config(self):
+        return {"inner": serialize(self.inner), "codec": self.codec.name, "block": self.codec.block}
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.inner, self.codec))
