@@ -150,6 +150,31 @@ class ShardPlan:
             out.append(chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
         return out
 
+    def as_data(self) -> dict[str, list]:
+        """The plan as plain lists, ints and dtype names (small, picklable, JSON-able); :meth:`from_data` inverts it."""
+        return {"shapes": [list(shape) for shape in self.shapes], "dtypes": [d.str for d in self.dtypes],
+                "shards": [[[p.tensor] if p.rows is None else [p.tensor, *p.rows] for p in pieces]
+                           for pieces in self.shards]}
+
+    @classmethod
+    def from_data(cls, data: Any) -> ShardPlan:
+        """The plan that :meth:`as_data` gave ``data``.
+
+        Raises:
+            ConfigError: ``data`` is not such a plan.
+        """
+        try:
+            shapes = tuple(tuple(int(n) for n in shape) for shape in data["shapes"])
+            dtypes = tuple(np.dtype(d) for d in data["dtypes"])
+            shards = tuple(tuple(Piece(int(p[0]), None if len(p) == 1 else (int(p[1]), int(p[2]))) for p in pieces)
+                           for pieces in data["shards"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"`data` must be a shard plan's as_data(); received {data!r:.200}") from exc
+        if len(shapes) != len(dtypes) or not shards:
+            raise ConfigError(f"`data` must be a shard plan's as_data(); received {len(shapes)} shapes, "
+                              f"{len(dtypes)} dtypes and {len(shards)} shards")
+        return cls(shapes=shapes, dtypes=dtypes, shards=shards)
+
     def piece_shape(self, piece: Piece) -> tuple[int, ...]:
         """The shape of one piece."""
         shape = self.shapes[piece.tensor]
