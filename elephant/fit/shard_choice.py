@@ -58,14 +58,16 @@ def decide_shards(requested: int | None, model_bytes: int, num_workers: int, com
     """How many parameter-server shards serve a fit: ``requested`` (``SparkModel(ps_shards=)``) wins;
     else 1 where ``blocked`` says why shards cannot serve it; else
     :func:`~elephant.ps.shards.choose_shards` over the model's bytes, the workers and the seconds
-    between two commits of one worker (1 for small models)."""
+    between two commits of one worker (1 for small models). A request rate that one process
+    cannot serve is logged at INFO, not warned about: shards do not change it, and the
+    window that sets it is the user's or the window decision's."""
     if requested is not None:
         return requested
     if blocked:
         return 1
     from elephant.ps.shards import choose_shards
 
-    return choose_shards(model_bytes, num_workers, commit_interval)
+    return choose_shards(model_bytes, num_workers, commit_interval, warn_requests=False)
 
 
 @dataclasses.dataclass(frozen=True)

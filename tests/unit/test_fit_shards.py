@@ -295,3 +295,11 @@ def test_a_task_spec_with_shards_stays_small_and_picklable():
     plain = TaskSpec(run=RUN, epoch=0, model_bytes=b"", fingerprint="", optimizer=Downpour(), window=1, batch_size=8,
                      mode="asynchronous", ps_url="http://a:1", token="t", read_timeout=1.0)
     assert plain.shard_urls == ("http://a:1",) and plain.shard_plan is None
+
+
+def test_the_fit_s_decision_does_not_warn_about_a_short_window_shards_cannot_help(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="elephant.ps.shards"):
+        assert decide_shards(None, 30_000, 2, 0.003) == 1  # the digits MLP committing every step: ~650 commits/s
+    assert [r.levelno for r in caplog.records if "commit less often" in r.getMessage()] == [logging.INFO]
