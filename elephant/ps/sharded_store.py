@@ -111,8 +111,8 @@ class ShardedStore:
         return self._plan.join([s.template for s in self._stores])
 
     def center(self) -> list[np.ndarray]:
-        """A writable copy of the full center weights, joined from the shards'."""
-        return [np.array(a, copy=True) for a in self._plan.join([s.center() for s in self._stores])]
+        """A writable copy of the full center weights, joined from the shards' copies."""
+        return self._plan.join([s.center() for s in self._stores])
 
     def ledger(self) -> list[tuple[CommitKey, int]]:
         """Shard 0's applied ``(key, attempt)`` pairs in apply order (every shard applies every commit)."""
