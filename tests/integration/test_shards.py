@@ -120,3 +120,44 @@ def test_a_retried_task_applies_its_commits_once_on_every_shard(spark, digits, s
     steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
     assert len(keys) == 2 * (-(-steps // 2))  # every window applied exactly once, on every shard
     assert _ports_free(sm)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_sharded_fit_resumes_every_shard_from_its_backup(spark, digits, stores, tmp_path, caplog):
+    import logging
+
+    import keras
+
+    from elephant import checkpoint
+
+    x_train, _, y_train, _ = digits
+    backup_dir = str(tmp_path / "backup")
+
+    def crash_after_second_epoch(epoch, logs):
+        if epoch == 1:
+            raise _Crash()  # after BackupAndRestore's place: epoch 2's backup is written
+
+    sm = SparkModel(digits_model(), mode="synchronous", num_workers=2, ps_shards=2, spark=spark)
+    with pytest.raises(_Crash):
+        sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0,
+               callbacks=[keras.callbacks.BackupAndRestore(backup_dir),
+                          keras.callbacks.LambdaCallback(on_epoch_end=crash_after_second_epoch)])
+    saved = checkpoint.load(backup_dir)
+    assert saved.epochs_done == 2 and saved.rule["shards"] == 2 and len(saved.rule_state) == 2
+    crashed = stores[-1]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(saved.center, crashed.center(), strict=True))
+
+    resumed = SparkModel(digits_model(seed=5), mode="synchronous", num_workers=2, ps_shards=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit.backup"):
+        history = resumed.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0,
+                              callbacks=[keras.callbacks.BackupAndRestore(backup_dir)])
+    assert history.epoch == [2]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("resuming from the backup" in m for m in messages)
+    assert not any("without the rule's saved server state" in m for m in messages)  # every shard's state restored
+    store = stores[-1]
+    assert store is not crashed and store.num_shards == 2
+    assert store.metrics()["rounds_applied"] > 0 and _ports_free(resumed)
