@@ -25,7 +25,7 @@ from elephant.errors import ConfigError, DataError
 from elephant.optimizers.base import check_overlap
 
 __all__ = ["DEFAULT_OPTIMIZERS", "FitArgs", "Settings", "check_frequency", "check_mode", "check_positive_int",
-           "default_optimizer", "refuse_unsupported", "resolve_window"]
+           "check_ps_shards", "default_optimizer", "refuse_unsupported", "resolve_window"]
 
 #: The distributed optimizer of each mode when ``SparkModel(optimizer=None)``; chosen by
 #: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
@@ -69,6 +69,20 @@ def _check_count(name: str, value: Any) -> int:
     if not _is_int(value) or value < 0:
         raise ConfigError(f"`{name}` must be an int >= 0; received {name}={value!r}")
     return int(value)
+
+
+def check_ps_shards(ps_shards: Any) -> int | None:
+    """``ps_shards``: None (decided at fit start) or a positive int.
+
+    Whether the rule and ``norm_guard`` allow more than one shard is checked where
+    the parameter server is known (:func:`elephant.fit.plan.check_requested_shards`).
+    """
+    if ps_shards is None:
+        return None
+    if not _is_int(ps_shards) or ps_shards < 1:
+        raise ConfigError(f"`ps_shards` must be a positive int or None (decided at fit start); "
+                          f"received ps_shards={ps_shards!r}")
+    return int(ps_shards)
 
 
 class _Fields:
@@ -126,6 +140,7 @@ class Settings(_Fields):
     on_failure: str = "rollback"
     norm_guard: float | None = None
     comm_budget: float = 0.1
+    ps_shards: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen: validated once)
@@ -158,6 +173,7 @@ class Settings(_Fields):
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < 1:
             raise ConfigError(f"`comm_budget` must be a number in (0, 1); received comm_budget={budget!r}")
         set_("comm_budget", float(budget))
+        set_("ps_shards", check_ps_shards(self.ps_shards))
 
     @property
     def window(self) -> int | None:

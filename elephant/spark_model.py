@@ -12,6 +12,7 @@ from elephant.config import FitArgs, Settings, check_verbose, refuse_unsupported
 from elephant.errors import ConfigError
 from elephant.fit.report import FitReport
 from elephant.fit.plan import decide_workers
+from elephant.fit.shard_choice import check_requested_shards
 from elephant.model_io import load_with_settings, save_with_settings
 from elephant.sources import Source, source
 from elephant.warmup import WarmUp
@@ -119,6 +120,19 @@ class SparkModel:
             bounds accuracy needs (at least the rule's own window, at most 128
             steps and at least 8 synchronisations per pass over a partition).
             The decision and its inputs are logged and in ``sm.fit_plan``.
+        ps_shards: how many shards the parameter server is split into, each
+            serving a slice of the model's tensors to every commit
+            (docs/parameter_server.md, "Scaling out: shards"). None (default)
+            decides at the start of each fit from the model's bytes, the
+            workers and the estimated time between a worker's commits
+            (:func:`elephant.ps.shards.choose_shards`: 1 for models of a few
+            MB), logged and in ``sm.fit_plan``; an int fixes it. More than 1
+            needs a rule whose server step is elementwise (every registered
+            rule) and no ``norm_guard`` (else 1 is decided, and a larger
+            ``ps_shards`` is refused here), and a classic session (a Spark
+            Connect fit serves one shard). The shards run in the driver's
+            process for now, so they spread the bytes over several servers
+            but share one Python interpreter.
 
     The fit runs on the driver's Keras backend (TensorFlow, JAX or torch); the
     executors' Python workers get the same one (:mod:`elephant.framework`),
@@ -147,10 +161,12 @@ class SparkModel:
         on_failure: str = "rollback",
         norm_guard: float | None = None,
         comm_budget: float = 0.1,
+        ps_shards: int | None = None,
     ):
         _check_model(model)
         self.model = model
         self.settings = Settings.of(locals())  # the arguments named as Settings' fields
+        check_requested_shards(self.settings)
         mismatch = self.optimizer.local_optimizer_mismatch(model.optimizer)
         if mismatch:
             log.warning(mismatch)

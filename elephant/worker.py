@@ -62,6 +62,13 @@ class TaskSpec:
     learning_rate: float | None = None  # the driver's compiled rate this epoch (None: a schedule, left alone)
     ps_run: str = ""  # the run id the PS accepts for this epoch's try ("": ``run``); new after a rollback
     backend: str = ""  # the driver's Keras backend, which the task's Keras must run ("": the process's own, unchecked)
+    ps_urls: tuple[str, ...] = ()  # every shard's url, in the plan's order (empty: one server, at ``ps_url``)
+    shard_plan: dict[str, list] | None = None  # the ShardPlan's as_data() when ``ps_urls`` holds several
+
+    @property
+    def shard_urls(self) -> tuple[str, ...]:
+        """The url of every shard of the parameter server (one for an unsharded server)."""
+        return self.ps_urls or (self.ps_url,)
 
     @property
     def commit_run(self) -> str:

@@ -1,23 +1,26 @@
 """The driver side of a fit.
 
-=============  ==============================================================
-module         concern
-=============  ==============================================================
-``plan``       workers, window, batch split and the rule: decided once
-``epoch``      one epoch's Spark job as a transaction; failure text
-``loop``       the epochs: input checks, store, callbacks, validation
-``progress``   Keras' callbacks and progress bar; the epoch's logs
-``backup``     ``BackupAndRestore`` through elephant's checkpoints
-``classic``    the Spark side in a classic session (server on the driver)
-``connect``    the Spark side under Spark Connect (server in a task)
-``simulated``  a whole fit played in one process (no Spark, no HTTP)
-``report``     what a fit reports back (:class:`FitReport`)
-=============  ==============================================================
+================  ===========================================================
+module            concern
+================  ===========================================================
+``plan``          workers, window, batch split and the rule: decided once
+``shard_choice``  how many parameter-server shards, and when only one
+``epoch``         one epoch's Spark job as a transaction; failure text
+``loop``          the epochs: input checks, store, callbacks, validation
+``progress``      Keras' callbacks and progress bar; the epoch's logs
+``backup``        ``BackupAndRestore`` through elephant's checkpoints
+``classic``       the Spark side in a classic session (server on the driver)
+``connect``       the Spark side under Spark Connect (server in a task)
+``simulated``     a whole fit played in one process (no Spark, no HTTP)
+``report``        what a fit reports back (:class:`FitReport`)
+================  ===========================================================
 
-The two Spark sides share one small interface: ``num_workers``, ``samples``
-and ``val`` after construction, then ``barrier(mode)``, ``check_slots()``,
-``open(store, token, job_group, model_bytes)``, ``job(store, barrier)`` (one
-try of an epoch), ``guard()``, ``cancel()`` and ``close()``.
+The two Spark sides share one small interface: ``num_workers``, ``samples``,
+``val``           and ``hosted`` (the server lives in a task) after construction, then
+``barrier(mode)``, ``check_slots()``, ``open(store, token, job_group,
+model_bytes)`` (the tasks' model bytes and the servers' urls, one per shard),
+``job(store, barrier)`` (one try of an epoch), ``guard()``, ``cancel()`` and
+``close()``.
 
 Importing the package costs nothing: each module is imported where it is used.
 """

@@ -25,17 +25,28 @@ log = logging.getLogger(__name__)
 __all__ = ["in_callback_order", "resume_from_backup", "rule_identity", "save_backup"]
 
 
-def rule_identity(mode: str, rule, num_workers: int) -> dict[str, Any]:
-    return {"name": rule.name, "config": rule.get_config(), "mode": mode, "num_workers": num_workers}
+def rule_identity(mode: str, rule, num_workers: int, shards: int = 1) -> dict[str, Any]:
+    """What a saved rule state belongs to; a state is restored only into the same.
+
+    ``shards`` is written only for a sharded server (more than 1), so that the
+    identity of an unsharded fit, and its backups of before shards, stay as they were.
+    """
+    identity = {"name": rule.name, "config": rule.get_config(), "mode": mode, "num_workers": num_workers}
+    if shards > 1:
+        identity["shards"] = shards
+    return identity
 
 
-def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial_epoch: int):
+def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial_epoch: int, shards: int = 1):
     """Start from ``backup``'s checkpoint, if it holds one: ``(initial_epoch, rule_state, history)``.
 
     ``model`` takes the checkpoint's center and optimizer variables; the
     fit starts after the last saved epoch (as Keras' own ``BackupAndRestore``
-    sets it), and the rule's server state is restored when the rule, mode and
-    number of workers are those it was saved with.
+    sets it), and the rule's server state is restored when the rule, mode,
+    number of workers and of parameter-server shards are those it was saved
+    with (a sharded server's state is the list of its shards' states, one per
+    shard of the same plan: the plan follows from the weights' shapes and the
+    number of shards).
 
     Raises:
         ConfigError: the checkpoint's weights do not fit the model.
@@ -58,7 +69,8 @@ def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial
             v.assign(a)
     else:
         log.warning("the backup's optimizer variables do not fit %s; it keeps its own", type(optimizer).__name__)
-    state = saved.rule_state if saved.state_saved and saved.rule == rule_identity(mode, rule, num_workers) else None
+    identity = rule_identity(mode, rule, num_workers, shards)
+    state = saved.rule_state if saved.state_saved and saved.rule == identity else None
     if state is None:
         log.warning("resuming without the rule's saved server state (saved for %s); the rule starts afresh",
                     saved.rule)
@@ -73,12 +85,17 @@ def _built_optimizer(model):
     return model.optimizer
 
 
-def save_backup(model, mode: str, backup, store, rule, num_workers: int, epochs_done: int, history) -> None:
-    """Write the fit's state after ``epochs_done`` epochs to ``backup``'s directory."""
+def save_backup(model, mode: str, backup, store, rule, num_workers: int, epochs_done: int, history,
+                shards: int = 1) -> None:
+    """Write the fit's state after ``epochs_done`` epochs to ``backup``'s directory.
+
+    The center is the full one (a sharded store's joined); the rule's state is the
+    store's (a sharded store's: the list of its shards' states).
+    """
     checkpoint.save(backup.backup_dir, checkpoint.Checkpoint(
         epochs_done=epochs_done, center=store.center(),
         optimizer_variables=[np.asarray(v) for v in _built_optimizer(model).variables],
-        rule_state=store.snapshot().state, rule=rule_identity(mode, rule, num_workers), history=history,
+        rule_state=store.snapshot().state, rule=rule_identity(mode, rule, num_workers, shards), history=history,
     ))
 
 

@@ -3,8 +3,9 @@
 The training data become an RDD of numpy blocks cached on the executors (or
 one broadcast per shard for numpy input), the model archive one broadcast,
 and the parameter server runs in the driver's process on
-:func:`elephant.session.ps_host`; each epoch is one Spark job (a barrier stage
-in synchronous mode) in the fit's job group.
+:func:`elephant.session.ps_host` (one server per shard of a sharded server,
+each with its own threads); each epoch is one Spark job (a barrier stage in
+synchronous mode) in the fit's job group.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
         from pyspark import BarrierTaskContext, TaskContext
 
         from elephant import worker
-        from elephant.ps.client import PSClient
+        from elephant.ps.shard_client import connect_shards
 
         ctx = BarrierTaskContext.get() if barrier else TaskContext.get()
-        with PSClient(spec.ps_url, spec.token, read_timeout=spec.read_timeout) as client:
+        with connect_shards(spec.shard_urls, spec.token, spec.shard_plan, read_timeout=spec.read_timeout) as client:
             return worker.run_partition(spec, ctx.partitionId(), ctx.taskAttemptId(), iterator, client, ctx.cpus())
 
     stage = rdd.barrier() if barrier else rdd
@@ -73,7 +74,9 @@ class ClassicRun:
         self.devices = gpu.describe_request(dict(self.sc.getConf().getAll()))
         self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
         self.samples = self.rdd.elephant_samples
-        self._server, self._broadcast, self._group = None, None, None
+        self._servers: list[Any] = []
+        self._broadcast, self._group = None, None
+        self.hosted = False  # the parameter server lives in the driver (it may be sharded)
 
     def barrier(self, mode: str) -> bool:
         """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds need every worker at once)."""
@@ -88,8 +91,13 @@ class ClassicRun:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
         gpu.check_request(dict(self.sc.getConf().getAll()), self.sc.master, backend, self.sc.environment)
 
-    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
-        """Broadcast the model and start the server: ``(the tasks' model_bytes, the server's url)``."""
+    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
+        """Broadcast the model and start the servers: ``(the tasks' model_bytes, the servers' urls)``.
+
+        One server per shard of ``store`` (a :class:`~elephant.ps.sharded_store.ShardedStore`'s
+        ``shards``, else the store itself), each in the driver's process with its own
+        threads, on a port of :func:`elephant.session.ps_ports`; the urls are in shard order.
+        """
         from elephant.ps.app import create_app, max_body_bytes
         from elephant.ps.server import start_server
 
@@ -97,10 +105,12 @@ class ClassicRun:
         self._broadcast = sc.broadcast(model_bytes)
         self._group = job_group
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
-        app = create_app(store, token, max_body_bytes=max_body_bytes(store.template))
-        self._server = start_server(app, session.ps_host(sc), session.ps_ports(sc), 2 * self.num_workers + 4,
-                                    ports_from=session.PS_PORTS_KEY)
-        return self._broadcast, self._server.url
+        host, ports = session.ps_host(sc), session.ps_ports(sc)
+        for shard in getattr(store, "shards", (store,)):  # stopped in close(), also when a later one fails
+            app = create_app(shard, token, max_body_bytes=max_body_bytes(shard.template))
+            self._servers.append(start_server(app, host, ports, 2 * self.num_workers + 4,
+                                              ports_from=session.PS_PORTS_KEY))
+        return self._broadcast, tuple(server.url for server in self._servers)
 
     def job(self, store, barrier: bool):
         """One try of an epoch: ``job(spec, description)`` runs the epoch's Spark job and returns its stats."""
@@ -122,10 +132,17 @@ class ClassicRun:
             self.sc.cancelJobGroup(self._group)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
+        servers, self._servers = self._servers, []
+        failed = []
+        for server in servers:  # every one, even after one fails to stop
+            try:
+                server.stop()
+            except Exception as exc:
+                failed.append(exc)
         if self._group is not None:
             self.sc.setLocalProperty("spark.jobGroup.id", None)
         if self._broadcast is not None:
             self._broadcast.unpersist()
         release(self.rdd)
+        if failed:
+            raise failed[0]

@@ -156,14 +156,17 @@ class HostedRun:
         gpu.check_request(self._conf, self._conf.get("spark.master") or "", backend,
                           {} if preallocate is None else {"XLA_PYTHON_CLIENT_PREALLOCATE": preallocate})
 
-    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, str]:
+    #: The parameter server lives in a task of each epoch (one shard: ``ps_shards > 1`` is refused).
+    hosted = True
+
+    def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""
         from elephant.ps.app import max_body_bytes
 
         self._tag = job_group
         self.spark.addTag(self._tag)
         self._max_body = max_body_bytes(store.template)
-        return model_bytes, ""
+        return model_bytes, ()
 
     def job(self, store, barrier: bool):
         """One try of an epoch: the hosted stage, whose outcome the client's store absorbs."""

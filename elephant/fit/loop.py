@@ -142,14 +142,30 @@ def _start(model, settings: Settings, args: FitArgs, runner, backend: str) -> Fi
     """Check the cluster (its task slots, its GPUs for ``backend``), plan the fit and log the plan and its warnings."""
     runner.check_slots()
     runner.check_devices(backend)
-    plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples)
+    plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples,
+                    hosted=getattr(runner, "hosted", False))
     for warning in plan.warnings(settings.mode) + [batch_hook_warning(args.callbacks)]:
         if warning:
             log.warning(warning)
     log.info("%s; Keras backend %s, devices: %s", plan.describe(), backend, runner.devices)
     if plan.window_choice is not None:
         log.info("window decision: %s", plan.window_choice.describe())
+    log.info("shard decision: %s", plan.shard_choice.describe())
     return plan
+
+
+def _make_store(model, settings: Settings, plan: FitPlan, mode: str, run: str, rule_state):
+    """The fit's store: one :class:`Store`, or a :class:`ShardedStore` of ``plan.ps_shards`` shards."""
+    from elephant.ps.sharded_store import make_store
+
+    try:
+        return make_store(model.get_weights(), plan.rule, mode, plan.num_workers, run, shards=plan.ps_shards,
+                          round_timeout=settings.read_timeout, state=rule_state, norm_guard=settings.norm_guard)
+    except ConfigError as exc:
+        if plan.ps_shards == 1:
+            raise
+        raise ConfigError(f"the parameter server cannot be split into ps_shards={plan.ps_shards} shards: "
+                          f"{exc}") from None
 
 
 def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
@@ -164,8 +180,6 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
 
 def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, report: FitReport):
     """The epochs of a fit whose data ``runner`` holds: server, callbacks, validation, backups."""
-    from elephant.ps.store import Store
-
     mode, epochs, samples = settings.mode, args.epochs, runner.samples
     val = tuple(args.validation_data) if args.validation_data is not None else runner.val
     barrier = runner.barrier(mode)
@@ -176,9 +190,10 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
 
     token = secrets.token_urlsafe(32)
     backup, callbacks = checkpoint.find_backup(args.callbacks)
-    initial_epoch, rule_state, past = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch)
-    store = Store(model.get_weights(), rule, mode, num_workers, run, round_timeout=settings.read_timeout,
-                  state=rule_state, norm_guard=settings.norm_guard)
+    shards = plan.ps_shards
+    initial_epoch, rule_state, past = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch,
+                                                         shards)
+    store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
     structure = replica_structure(model, custom_objects)
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
@@ -186,17 +201,19 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
         def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it
             for key, value in logs.items():
                 past.setdefault(key, []).append(float(value))
-            save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past)
+            save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past, shards)
 
         callbacks = in_callback_order(args.callbacks, backup, write_backup)
     cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
     model.stop_training = False
     try:
-        model_bytes, url = runner.open(store, token, report.job_group, model_to_bytes(model))
-        report.ps_url = url or None
+        model_bytes, urls = runner.open(store, token, report.job_group, model_to_bytes(model))
+        url = urls[0] if urls else ""
+        report.ps_url, report.ps_urls = url or None, tuple(urls)
         if url:
             log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
-                     run, url, num_workers, mode, rule, plan.window)
+                     run, ", ".join(urls), num_workers, mode, rule, plan.window)
+        sharded = {"ps_urls": tuple(urls), "shard_plan": store.plan.as_data()} if shards > 1 else {}
         cbks.on_train_begin()
         metrics_before = store.metrics()
         rate = settable_learning_rate(model.optimizer)
@@ -210,7 +227,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
-                learning_rate=rate, ps_run=store.run, backend=backend,
+                learning_rate=rate, ps_run=store.run, backend=backend, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             try:

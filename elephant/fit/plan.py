@@ -1,4 +1,4 @@
-"""The plan of a fit, decided once from numbers: workers, window, batch split, the rule made for the fit.
+"""The plan of a fit, decided once from numbers: workers, window, batch split, shards, the rule made for the fit.
 
 Both Spark runners (:mod:`elephant.fit.classic`, :mod:`elephant.fit.connect`)
 and the simulator (:mod:`elephant.fit.simulated`) plan through these
@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elephant.config import Settings
+from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import adapts_step_size
 
@@ -220,6 +221,7 @@ class FitPlan:
         window_choice: how ``window`` was decided from the model's and the fit's
             costs, or None when ``frequency`` or the rule fixed it.
         adaptive: whether the model's optimizer adapts its step size (Adam, RMSprop...).
+        shard_choice: how many parameter-server shards serve the fit, and why (None: one).
     """
 
     num_workers: int
@@ -231,13 +233,21 @@ class FitPlan:
     rule: DistributedOptimizer
     window_choice: WindowChoice | None = None
     adaptive: bool = False
+    shard_choice: ShardChoice | None = None
+
+    @property
+    def ps_shards(self) -> int:
+        """The parameter server's shards ``S`` (1: one store, the unsharded server)."""
+        return 1 if self.shard_choice is None else self.shard_choice.shards
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as ``SparkModel.fit_plan`` shows it."""
         return {"num_workers": self.num_workers, "batch_size": self.batch_size,
                 "worker_batch_size": self.worker_batch_size, "window": self.window,
                 "optimizer": self.rule.get_config(), "overlap": self.overlap,
-                "window_choice": None if self.window_choice is None else self.window_choice.as_dict()}
+                "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
+                "ps_shards": self.ps_shards,
+                "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
     def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
         """This plan with its decided window re-decided from an epoch's measured costs (else unchanged)."""
@@ -283,28 +293,44 @@ def model_size(model) -> tuple[int, int]:
     return params, nbytes
 
 
+#: Seconds between two commits of one worker assumed where the pass's length is unknown (choose_shards' default).
+UNKNOWN_COMMIT_INTERVAL_S = 2.0
+
+
 def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, samples: int | None = None,
-             cores: int = 1) -> FitPlan:
+             cores: int = 1, *, hosted: bool = False) -> FitPlan:
     """The plan of a fit of ``num_workers`` workers with ``settings`` for the compiled Keras ``model``.
 
     ``samples`` (the training samples, None: unknown) and ``cores`` (per task)
     feed the window decision of a rule that adapts its window
-    (``DistributedOptimizer.adapts_window``) when ``frequency`` is not given.
+    (``DistributedOptimizer.adapts_window``) when ``frequency`` is not given,
+    and the estimate of the seconds between a worker's commits that the
+    number of parameter-server shards is decided from. ``hosted``: the server
+    lives in a Spark task (Spark Connect), which serves one shard.
+
+    Raises:
+        ConfigError: ``ps_shards > 1`` where the server cannot be sharded.
     """
+    check_requested_shards(settings, hosted)
     window, split = settings.window, settings.splits_batch
     per_worker = worker_batch_size(batch_size, num_workers, split)
+    params, nbytes = model_size(model)
+    step_ms, commit_ms = estimate_step_ms(params, per_worker, cores), estimate_commit_ms(nbytes)
+    steps_per_pass = max(1, math.ceil(math.ceil(samples / num_workers) / per_worker)) if samples else None
     choice = None
     if settings.frequency is None and settings.optimizer.adapts_window and samples:
-        params, nbytes = model_size(model)
-        steps_per_pass = max(1, math.ceil(math.ceil(samples / num_workers) / per_worker))
         choice = WindowChoice.decide(
-            floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=estimate_step_ms(params, per_worker, cores),
-            commit_ms=estimate_commit_ms(nbytes), steps_per_pass=steps_per_pass, budget=settings.comm_budget,
-            measured=False)
+            floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=step_ms,
+            commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False)
         window = choice.window
+    steps = window or steps_per_pass
+    interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0
+    blocked = shard_blocker(settings, hosted)
+    shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked),
+                               settings.ps_shards, nbytes, num_workers, interval, blocked)
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
         splits_batch=split, overlap=settings.overlap,
         rule=settings.optimizer.for_fit(model.optimizer, num_workers, split, window), window_choice=choice,
-        adaptive=adapts_step_size(model.optimizer),
+        adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice,
     )

@@ -23,7 +23,8 @@ class FitReport:
         plan: workers, global and per-worker batch, window, the rule's config
             and ``overlap`` (:meth:`elephant.fit.plan.FitPlan.as_dict`).
         ps_url: the parameter server's address (None: not started, or hosted
-            by a task under Spark Connect).
+            by a task under Spark Connect); shard 0's for a sharded server.
+        ps_urls: every shard's address, in shard order (empty: not started, or hosted).
         metrics: the store's counters at the end (``/metrics``).
         ledger: the applied ``(commit key, attempt)`` pairs, in order.
     """
@@ -31,6 +32,7 @@ class FitReport:
     run: str = dataclasses.field(default_factory=new_run_id)
     plan: dict[str, Any] | None = None
     ps_url: str | None = None
+    ps_urls: tuple[str, ...] = ()
     metrics: dict[str, Any] | None = None
     ledger: list | None = None
 

@@ -14,7 +14,9 @@ Layers, bottom up (each importable without the ones above it):
 * :mod:`elephant.ps.shards` -- which rows of which tensors each shard of a sharded
   server holds, and how many shards (pure decisions);
 * :mod:`elephant.ps.shard_client` -- one store per shard, and a client with the same
-  methods that sends each request to every shard in parallel.
+  methods that sends each request to every shard in parallel;
+* :mod:`elephant.ps.sharded_store` -- the driver's view of the shards' stores, with the
+  store methods a fit uses.
 
 Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """

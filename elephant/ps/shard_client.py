@@ -44,7 +44,10 @@ separable, and refused by :func:`check_shardable`:
 In asynchronous mode two workers' commits may reach two shards in different
 orders; each shard is then a correct store of its own, but a rule that uses
 the clock (DynSGD's staleness) or the order of commits sees per-shard values.
-Not used by ``SparkModel.fit`` yet.
+``SparkModel.fit`` uses it in classic sessions (``SparkModel(ps_shards=)``):
+the driver's :class:`~elephant.ps.sharded_store.ShardedStore` holds the
+stores, one server each, and each task builds a :class:`ShardedClient` with
+:func:`connect_shards`.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ from elephant.ps.store import Store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardedClient", "shard_stores", "check_shardable"]
+__all__ = ["ShardedClient", "shard_stores", "check_shardable", "connect_shards"]
 
 _METHODS = ("health", "pull", "commit", "finish", "metrics", "close")
 #: Replies whose per-shard clocks a client remembers, for the base clocks of later commits.
@@ -91,7 +94,7 @@ def check_shardable(optimizer: DistributedOptimizer, norm_guard: float | None = 
 
 def shard_stores(center: Sequence[np.ndarray], plan: ShardPlan, optimizer: DistributedOptimizer, mode: str,
                  num_workers: int, run: str, *, round_timeout: float = 600.0, norm_guard: float | None = None,
-                 clock: int = 0) -> list[Store]:
+                 clock: int = 0, states: Sequence[Any] | None = None) -> list[Store]:
     """One :class:`Store` per shard of ``plan``, each over its slice of ``center``, with the same ``optimizer``.
 
     Args:
@@ -100,6 +103,8 @@ def shard_stores(center: Sequence[np.ndarray], plan: ShardPlan, optimizer: Distr
         optimizer, mode, num_workers, run, round_timeout, clock: as :class:`Store`'s, the
             same for every shard. Defaults: ``round_timeout=600``, ``clock=0``.
         norm_guard: must stay None (default); see :func:`check_shardable`.
+        states: the rule's server state of each shard to start from (a resumed fit), one per shard;
+            default None: each shard's ``optimizer.server_init`` over its slice.
 
     Raises:
         ConfigError: ``plan`` is not a :class:`ShardPlan`, the rule or ``norm_guard``
@@ -109,8 +114,12 @@ def shard_stores(center: Sequence[np.ndarray], plan: ShardPlan, optimizer: Distr
     if not isinstance(plan, ShardPlan):
         raise ConfigError(f"`plan` must be a ShardPlan (from plan_shards); received plan={plan!r}")
     check_shardable(optimizer, norm_guard)
-    return [Store(part, optimizer, mode, num_workers, run, round_timeout=round_timeout, clock=clock)
-            for part in plan.split(center)]
+    if states is not None and len(states) != plan.num_shards:
+        raise ConfigError(f"`states` must hold one rule state per shard ({plan.num_shards}); "
+                          f"received {len(states)} states")
+    states = [None] * plan.num_shards if states is None else list(states)
+    return [Store(part, optimizer, mode, num_workers, run, round_timeout=round_timeout, clock=clock, state=state)
+            for part, state in zip(plan.split(center), states)]
 
 
 class ShardedClient:
@@ -299,3 +308,41 @@ class ShardedClient:
     def __reduce__(self):
         raise TypeError("ShardedClient holds a thread pool and open clients; build one inside each Spark task from "
                         "the shards' urls, the token and the plan")
+
+
+def connect_shards(urls: Sequence[str], token: str, plan: Any = None, **options: Any) -> Any:
+    """The client a Spark task talks to its parameter server through, built inside the task.
+
+    Args:
+        urls: the shards' urls in the plan's shard order (one url: an unsharded server).
+        token: the run's bearer token.
+        plan: the :class:`ShardPlan`, or its :meth:`~ShardPlan.as_data` (what a task spec carries);
+            needed for more than one url, ignored for one.
+        **options: keyword arguments of every :class:`~elephant.ps.client.PSClient` (``read_timeout``...).
+
+    Returns:
+        For one url the :class:`~elephant.ps.client.PSClient` itself; for more a
+        :class:`ShardedClient` over one :class:`PSClient` per url (it closes them).
+
+    Raises:
+        ConfigError: no url, or several without a plan of as many shards.
+    """
+    from elephant.ps.client import PSClient
+
+    urls = list(urls)
+    if not urls:
+        raise ConfigError("`urls` must hold the url of every shard; received none")
+    if len(urls) == 1:
+        return PSClient(urls[0], token, **options)
+    if plan is None:
+        raise ConfigError(f"{len(urls)} shard urls need the shard plan; received plan=None")
+    plan = plan if isinstance(plan, ShardPlan) else ShardPlan.from_data(plan)
+    clients = []
+    try:
+        for url in urls:
+            clients.append(PSClient(url, token, **options))
+        return ShardedClient(clients, plan)
+    except BaseException:
+        for client in clients:
+            client.close()
+        raise

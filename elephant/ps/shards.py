@@ -150,6 +150,31 @@ class ShardPlan:
             out.append(chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
         return out
 
+    def as_data(self) -> dict[str, list]:
+        """The plan as plain lists, ints and dtype names (small, picklable, JSON-able); :meth:`from_data` inverts it."""
+        return {"shapes": [list(shape) for shape in self.shapes], "dtypes": [d.str for d in self.dtypes],
+                "shards": [[[p.tensor] if p.rows is None else [p.tensor, *p.rows] for p in pieces]
+                           for pieces in self.shards]}
+
+    @classmethod
+    def from_data(cls, data: Any) -> ShardPlan:
+        """The plan that :meth:`as_data` gave ``data``.
+
+        Raises:
+            ConfigError: ``data`` is not such a plan.
+        """
+        try:
+            shapes = tuple(tuple(int(n) for n in shape) for shape in data["shapes"])
+            dtypes = tuple(np.dtype(d) for d in data["dtypes"])
+            shards = tuple(tuple(Piece(int(p[0]), None if len(p) == 1 else (int(p[1]), int(p[2]))) for p in pieces)
+                           for pieces in data["shards"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ConfigError(f"`data` must be a shard plan's as_data(); received {data!r:.200}") from exc
+        if len(shapes) != len(dtypes) or not shards:
+            raise ConfigError(f"`data` must be a shard plan's as_data(); received {len(shapes)} shapes, "
+                              f"{len(dtypes)} dtypes and {len(shards)} shards")
+        return cls(shapes=shapes, dtypes=dtypes, shards=shards)
+
     def piece_shape(self, piece: Piece) -> tuple[int, ...]:
         """The shape of one piece."""
         shape = self.shapes[piece.tensor]
@@ -230,7 +255,7 @@ def _check_positive(name: str, value: Any, *, integer: bool = False, low: float 
 
 
 def choose_shards(model_bytes: int, num_workers: int, commit_interval: float = 2.0, *,
-                  utilization: float = 0.5, max_shards: int = 16) -> int:
+                  utilization: float = 0.5, max_shards: int = 16, warn_requests: bool = True) -> int:
     """How many parameter-server shards a fit needs: the least ``S`` that keeps each one under ``utilization``.
 
     Every commit reaches every shard, each with ``1/S`` of the model. With
@@ -258,6 +283,9 @@ def choose_shards(model_bytes: int, num_workers: int, commit_interval: float = 2
             in (0, 1]. Default 0.5 (headroom for bursts).
         max_shards: the largest answer, >= 1; a larger need is capped with a
             warning. Default 16.
+        warn_requests: whether a request-bound rate is warned about (default
+            True); False logs it at INFO (a caller that says so itself, as a
+            fit's shard decision does, where the window is the user's choice).
 
     Returns:
         ``S`` in ``[1, max_shards]``.
@@ -285,9 +313,10 @@ def choose_shards(model_bytes: int, num_workers: int, commit_interval: float = 2
                 "%d shard(s) for the bytes, %d for the CPU; chose %d", num_workers, commit_interval, rate, megabytes,
                 utilization, by_bytes, by_cpu, shards)
     if request_bound:
-        logger.warning("%.1f commits/s is over %g of what one parameter-server process serves (about %g/s); every "
-                       "shard receives every commit, so shards do not help there: commit less often (a longer "
-                       "window)", rate, utilization, PROCESS_COMMITS_PER_S)
+        logger.log(logging.WARNING if warn_requests else logging.INFO,
+                   "%.1f commits/s is over %g of what one parameter-server process serves (about %g/s); every "
+                   "shard receives every commit, so shards do not help there: commit less often (a longer "
+                   "window)", rate, utilization, PROCESS_COMMITS_PER_S)
     if need > shards:
         logger.warning("choose_shards: %d shards are needed for %.1f MB at %.1f commits/s; capped at max_shards=%d",
                        need, megabytes, rate, max_shards)

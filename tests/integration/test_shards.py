@@ -1,0 +1,163 @@
+"""SparkModel(ps_shards=2): a classic fit served by two shards trains as one server does, and fails as safely.
+
+Every fit here records its driver-side store (``make_store`` wrapped), so the
+tests read each shard's ledger and counters, not only the merged ones.
+"""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from elephant import SparkModel
+from elephant.ps import sharded_store
+
+from .helpers import accuracy, digits_model
+from .test_failures import _port_is_free
+
+EPOCHS = 6
+
+
+@pytest.fixture
+def stores(monkeypatch):
+    """The stores the fits of a test made, in order."""
+    made = []
+    original = sharded_store.make_store
+
+    def recording(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(sharded_store, "make_store", recording)
+    return made
+
+
+def _ports_free(sm):
+    return all(_port_is_free(int(url.rsplit(":", 1)[1].split("/")[0])) for url in sm.last_report.ps_urls)
+
+
+def _once_per_shard(store):
+    """Every shard applied the same commits, each once, in the same order as shard 0 (one at a time here)."""
+    ledgers = store.shard_ledgers()
+    keys = [tuple(k) for k, _ in ledgers[0]]
+    assert keys and not [k for k, c in Counter(keys).items() if c > 1]
+    for ledger in ledgers[1:]:
+        assert sorted(tuple(k) for k, _ in ledger) == sorted(keys)
+    return keys
+
+
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
+def test_two_shards_train_as_one_server(spark, digits, stores, mode):
+    x_train, x_test, y_train, y_test = digits
+    found = {}
+    for shards in (1, 2):
+        sm = SparkModel(digits_model(), mode=mode, num_workers=2, ps_shards=shards, spark=spark)
+        history = sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+        assert sm.fit_plan["ps_shards"] == shards and sm.fit_plan["shard_choice"]["requested"] == shards
+        assert len(sm.last_report.ps_urls) == shards and sm.ps_url == sm.last_report.ps_urls[0]
+        assert history.history["loss"][-1] < history.history["loss"][0]
+        assert _ports_free(sm)
+        found[shards] = accuracy(sm.model, x_test, y_test), sm.last_metrics
+    store = stores[-1]
+    assert isinstance(store, sharded_store.ShardedStore) and store.num_shards == 2
+    keys = _once_per_shard(store)
+    metrics = found[2][1]
+    applied = "rounds_applied" if mode == "synchronous" else "commits_applied"
+    assert [m[applied] for m in metrics["shards"]] == [metrics[applied]] * 2 and len(keys) == metrics["commits_applied"]
+    (one, _), (two, _) = found[1], found[2]
+    assert one > 0.85 and two > 0.85, found  # the digits MLP after 6 epochs: 0.9-0.97
+    assert abs(one - two) < 0.06, found
+
+
+def test_one_worker_trains_the_same_bytes_through_two_shards(spark, digits, stores):
+    """Deterministic: one worker, no shuffle, synchronous rounds; the shards' slices join to the same center."""
+    x_train, _, y_train, _ = digits
+    weights = {}
+    for shards in (1, 2):
+        sm = SparkModel(digits_model(), mode="synchronous", frequency=4, num_workers=1, ps_shards=shards,
+                        spark=spark)
+        sm.fit(x_train, y_train, epochs=2, batch_size=32, shuffle=False, verbose=0)
+        weights[shards] = sm.model.get_weights()
+    assert stores[-1].plan.num_shards == 2
+    for a, b in zip(weights[1], weights[2], strict=True):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert any((a != b).any() for a, b in zip(weights[1], digits_model().get_weights()))
+
+
+def test_a_failed_synchronous_epoch_rolls_every_shard_back_and_trains_again(spark, digits, stores, tmp_path,
+                                                                          monkeypatch):
+    x_train, _, y_train, _ = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=4,kind=raise,marker={marker}")  # once, in epoch 1
+    sm = SparkModel(digits_model(lr=3e-3), mode="synchronous", frequency=2, num_workers=2, ps_shards=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
+    assert marker.exists(), "the fault never fired"
+    store = stores[-1]
+    for shard in sm.last_metrics["shards"]:
+        assert shard["epochs_rolled_back"] == 1 and shard["commits_rolled_back"] >= 2
+    keys = _once_per_shard(store)
+    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
+    assert len(keys) == 2 * 2 * -(-steps // 2)  # every (epoch, partition, window) once, each epoch in full
+    run = sm.job_group.removeprefix("elephant-")
+    assert {k[0] for k in keys if k[1] == 0} == {run + ".e0t1"}  # epoch 1 as trained again
+    assert all(s.run == store.run for s in store.shards)
+    assert len(history.history["loss"]) == 2 and all(np.isfinite(history.history["loss"]))
+    assert _ports_free(sm)
+
+
+def test_a_retried_task_applies_its_commits_once_on_every_shard(spark, digits, stores, tmp_path, monkeypatch):
+    x_train, _, y_train, _ = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=6,kind=raise,marker={marker}")
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency=2, num_workers=2, ps_shards=2, spark=spark)
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+    assert marker.exists(), "the fault never fired"
+    keys = _once_per_shard(stores[-1])
+    for shard in sm.last_metrics["shards"]:  # the first attempt's commits (steps 0-2) came again to every shard
+        assert shard["replays_dropped"] >= 3
+    attempts = {entry[1] for entry in sm.last_ledger if entry[0][2] == 1}
+    assert len(attempts) == 2
+    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
+    assert len(keys) == 2 * (-(-steps // 2))  # every window applied exactly once, on every shard
+    assert _ports_free(sm)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_sharded_fit_resumes_every_shard_from_its_backup(spark, digits, stores, tmp_path, caplog):
+    import logging
+
+    import keras
+
+    from elephant import checkpoint
+
+    x_train, _, y_train, _ = digits
+    backup_dir = str(tmp_path / "backup")
+
+    def crash_after_second_epoch(epoch, logs):
+        if epoch == 1:
+            raise _Crash()  # after BackupAndRestore's place: epoch 2's backup is written
+
+    sm = SparkModel(digits_model(), mode="synchronous", num_workers=2, ps_shards=2, spark=spark)
+    with pytest.raises(_Crash):
+        sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0,
+               callbacks=[keras.callbacks.BackupAndRestore(backup_dir),
+                          keras.callbacks.LambdaCallback(on_epoch_end=crash_after_second_epoch)])
+    saved = checkpoint.load(backup_dir)
+    assert saved.epochs_done == 2 and saved.rule["shards"] == 2 and len(saved.rule_state) == 2
+    crashed = stores[-1]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(saved.center, crashed.center(), strict=True))
+
+    resumed = SparkModel(digits_model(seed=5), mode="synchronous", num_workers=2, ps_shards=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit.backup"):
+        history = resumed.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0,
+                              callbacks=[keras.callbacks.BackupAndRestore(backup_dir)])
+    assert history.epoch == [2]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("resuming from the backup" in m for m in messages)
+    assert not any("without the rule's saved server state" in m for m in messages)  # every shard's state restored
+    store = stores[-1]
+    assert store is not crashed and store.num_shards == 2
+    assert store.metrics()["rounds_applied"] > 0 and _ports_free(resumed)
