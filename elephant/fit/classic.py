@@ -14,6 +14,7 @@ the fit's job group.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,8 @@ from elephant.errors import DataError
 from elephant.fit.epoch import collect_checked
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ClassicRun", "training_rdd", "SHARDS_IN_PROCESSES"]
 
@@ -72,6 +75,16 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     return stage.mapPartitions(task).collect()
 
 
+def _hostable(optimizer) -> bool:
+    """Whether the shards can serve from processes; where not, why is logged and they serve from threads."""
+    from elephant.ps.shard_process import unhostable
+
+    why = unhostable(optimizer)
+    if why:
+        log.warning("the parameter-server shards serve from the driver's threads, not processes: %s", why)
+    return why is None
+
+
 class ClassicRun:
     """The Spark side of a fit in a classic session (see the module's docstring)."""
 
@@ -118,7 +131,7 @@ class ClassicRun:
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
         host, ports = session.ps_host(sc), session.ps_ports(sc)
         threads = 2 * self.num_workers + 4
-        if SHARDS_IN_PROCESSES and getattr(store, "num_shards", 1) > 1:
+        if SHARDS_IN_PROCESSES and getattr(store, "num_shards", 1) > 1 and _hostable(store.optimizer):
             self._processes = store  # stopped in close(), also when a shard fails to start
             urls = store.serve_in_processes(token, host, ports, threads, ports_from=session.PS_PORTS_KEY)
             return self._broadcast, urls

@@ -48,7 +48,7 @@ from elephant.errors import PSError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardProcess", "start_shards", "START_METHOD", "NAME_PREFIX"]
+__all__ = ["ShardProcess", "start_shards", "unhostable", "START_METHOD", "NAME_PREFIX"]
 
 #: The multiprocessing start method: a fresh interpreter, nothing inherited from the driver but the pipe.
 START_METHOD = "spawn"
@@ -97,15 +97,12 @@ def _reply(conn: Any, lock: threading.Lock, ident: int, call: Any, args: tuple) 
 def _child(conn: Any, parent: int) -> None:
     """The child's entry: build the shard from the spec on ``conn``, report the URL, serve requests until told."""
     try:
-        import pickle
-
         from elephant.ps.app import create_app
         from elephant.ps.server import start_server
         from elephant.ps.store import Store
 
         spec = conn.recv()
-        optimizer = pickle.loads(spec.pop("optimizer"))
-        store = Store(spec["center"], optimizer, spec["mode"], spec["num_workers"], spec["run"],
+        store = Store(spec["center"], spec["optimizer"], spec["mode"], spec["num_workers"], spec["run"],
                       round_timeout=spec["round_timeout"], state=spec["state"], clock=spec["clock"])
         del spec["center"], spec["state"]
         app = create_app(store, spec["token"], max_body_bytes=spec["max_body_bytes"])
@@ -167,16 +164,16 @@ def _bare_main():
         sys.modules["__main__"] = main
 
 
-def _dumps(obj: Any) -> bytes:
-    """Pickle ``obj``, by value where it is defined in ``__main__`` (cloudpickle, as Spark ships tasks)."""
-    try:
-        import cloudpickle
-    except ImportError:
-        try:
-            from pyspark import cloudpickle
-        except ImportError:
-            import pickle as cloudpickle
-    return cloudpickle.dumps(obj)
+def unhostable(optimizer: Any) -> str | None:
+    """Why ``optimizer`` cannot be sent to a shard process (None: it can).
+
+    A child is started without the driver's ``__main__`` (:func:`_bare_main`), so a rule
+    class defined there cannot be found in it.
+    """
+    if type(optimizer).__module__ == "__main__":
+        return (f"the rule's class {type(optimizer).__name__} is defined in __main__, which a shard process does "
+                "not import (define it in a module)")
+    return None
 
 
 class ShardProcess:
@@ -356,7 +353,7 @@ def start_shards(specs: Sequence[dict[str, Any]], *, ready_timeout: float = 120.
             shard = ShardProcess(index, process, ours, spec["optimizer"], spec["mode"], spec["num_workers"],
                                  spec["run"])
             started.append(shard)
-            ours.send(dict(spec, optimizer=_dumps(spec["optimizer"])))
+            ours.send(dict(spec))  # over the pipe to our own child (multiprocessing pickles it), never a socket
         deadline = time.monotonic() + ready_timeout
         for shard in started:
             what = f"its start (waited up to {ready_timeout:g} s)"

@@ -163,3 +163,18 @@ def test_a_blocked_wait_does_not_block_the_other_requests():
     finally:
         store.stop_processes()
 
+
+
+def test_a_rule_defined_in_main_serves_from_threads_with_a_warning(caplog):
+    import logging
+
+    from elephant.fit.classic import _hostable
+    from elephant.ps.shard_process import unhostable
+
+    rule = get("downpour")
+    in_main = type("MainRule", (type(rule),), {"__module__": "__main__"})()
+    assert unhostable(rule) is None and _hostable(rule)
+    assert "MainRule is defined in __main__" in unhostable(in_main)
+    with caplog.at_level(logging.WARNING, logger="elephant.fit.classic"):
+        assert not _hostable(in_main)
+    assert any("serve from the driver's threads, not processes" in r.getMessage() for r in caplog.records)
