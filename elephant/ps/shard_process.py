@@ -290,7 +290,8 @@ class ShardProcess:
     def stop(self, timeout: float = 30.0) -> Any:
         """Stop the server and the process; the store's final :class:`Outcome` (None if the child was gone).
 
-        Joins the child for ``timeout`` seconds (default 30), then terminates it. Idempotent.
+        Waits ``timeout`` seconds (default 30) for the answer and as long for the child to exit, then
+        terminates it (and kills it if it ignores that too). Idempotent.
         """
         if self._stopped:
             return None
@@ -307,7 +308,7 @@ class ShardProcess:
                 logger.warning("parameter-server shard %d (process %d) did not exit in %g s; terminating it",
                                self.index, self.process.pid, timeout)
                 self.process.terminate()
-                self.process.join(5.0)
+                self.process.join(min(timeout, 5.0))
                 if self.process.is_alive():
                     self.process.kill()
                     self.process.join()

@@ -178,3 +178,19 @@ def test_a_rule_defined_in_main_serves_from_threads_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="elephant.fit.classic"):
         assert not _hostable(in_main)
     assert any("serve from the driver's threads, not processes" in r.getMessage() for r in caplog.records)
+
+
+def test_stop_terminates_a_child_that_does_not_answer(caplog):
+    import logging
+    import signal
+
+    spec = dict(center=center0()[:2], optimizer=get("downpour"), mode="asynchronous", num_workers=1, run=RUN,
+                round_timeout=5.0, state=None, clock=0, token=TOKEN, host="127.0.0.1", ports=[0],
+                ports_from="test", max_body_bytes=1 << 20, threads=4)
+    (shard,) = start_shards([spec])
+    os.kill(shard.process.pid, signal.SIGSTOP)  # hung: neither answers nor exits
+    with caplog.at_level(logging.WARNING, logger="elephant.ps.shard_process"):
+        assert shard.stop(timeout=1.0) is None
+    assert not shard.process.is_alive() and shard.process.exitcode is not None and not _children()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "did not answer stop in time" in messages and "did not exit in 1 s; terminating it" in messages
