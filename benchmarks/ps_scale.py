@@ -3,10 +3,13 @@
 The server is elephant's real stack (Store + Flask app + PSServer, a bearer
 token from ``secrets.token_urlsafe(32)`` and the body limit the fit sets, the
 handler pool ``2K + 4`` of a classic fit) in a process of its own, started by
-:func:`start_servers`, which returns the servers' URLs: with ``--shards S``
-it starts S processes, each holding ``1/S`` of the model, and every worker
-commits its slice to each in turn (a naive fan-out, until a sharded client
-exists). The rule is the fit's default asynchronous one (DelayedNesterov;
+:func:`start_servers`, which returns the servers' URLs. With ``--shards S``
+it is a sharded server as a classic fit starts it: the model is planned over
+S shards (:func:`elephant.ps.shards.plan_shards`) and each shard is a Store
+over its slice in a process of its own (:func:`elephant.ps.shard_process.start_shards`),
+and every worker commits the whole model through a
+:class:`~elephant.ps.shard_client.ShardedClient`, which splits it and sends
+the S slices in parallel. The rule is the fit's default asynchronous one (DelayedNesterov;
 ``--rule`` picks another asynchronous rule).
 
 Phase (a), CPU per commit: for commits of 32 KB, 256 KB, 1 MB, 4 MB, 17 MB and
@@ -73,6 +76,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -208,14 +212,20 @@ def _cpu_seconds(pid: int) -> float:
 
 @dataclass
 class ServerGroup:
-    """Parameter-server processes started by :func:`start_servers`; :meth:`stop` ends them."""
+    """Parameter-server processes started by :func:`start_servers`; :meth:`stop` ends them.
 
-    processes: list[subprocess.Popen]
+    ``processes`` are ``--serve`` subprocesses (one server), or the
+    :class:`~elephant.ps.shard_process.ShardProcess` handles of a sharded one,
+    whose plan (as data) the clients split their commits by.
+    """
+
+    processes: list[Any]
     urls: list[str]
     token: str
+    plan: dict | None = None
 
     def cpu_seconds(self) -> float:
-        return sum(_cpu_seconds(p.pid) for p in self.processes)
+        return sum(_cpu_seconds(getattr(p, "process", p).pid) for p in self.processes)
 
     def metrics(self) -> dict[str, float]:
         """The stores' counters summed over the shards (``commits_applied`` averaged: every commit visits each)."""
@@ -231,6 +241,10 @@ class ServerGroup:
         return total
 
     def stop(self) -> None:
+        if self.plan is not None:
+            for shard in self.processes:
+                shard.stop()
+            return
         for process in self.processes:
             if process.poll() is None:
                 process.stdin.close()  # the server stops when its stdin ends
@@ -252,8 +266,17 @@ def start_servers(nbytes: int, num_workers: int, rule: str, shards: int = 1, *, 
     partitions), the app and a PSServer on ``host`` port 0 (which waits for
     its own ``/health``), prints its URL, and stops when stdin closes. With
     ``link`` the processes run inside its namespace.
+
+    With ``shards > 1`` (and no ``link``) the server is sharded as a fit
+    shards it: the plan of :func:`~elephant.ps.shards.plan_shards` over the
+    model, and one :func:`~elephant.ps.shard_process.start_shards` process
+    per shard, each a Store over its slice.
     """
     token = secrets.token_urlsafe(32)
+    if shards > 1:
+        if link is not None:
+            raise ValueError(f"a shaped link serves one server process; received shards={shards}")
+        return _start_shards(nbytes, num_workers, rule, shards, host, token)
     processes: list[subprocess.Popen] = []
     group = ServerGroup(processes, [], token)
     try:
@@ -277,6 +300,21 @@ def start_servers(nbytes: int, num_workers: int, rule: str, shards: int = 1, *, 
     return group
 
 
+def _start_shards(nbytes: int, num_workers: int, rule: str, shards: int, host: str, token: str) -> ServerGroup:
+    from elephant.optimizers import get
+    from elephant.ps.app import max_body_bytes
+    from elephant.ps.shard_process import start_shards
+    from elephant.ps.shards import plan_shards
+
+    center = model(nbytes)
+    plan = plan_shards(center, shards)
+    specs = [dict(center=part, optimizer=get(rule), mode="asynchronous", num_workers=num_workers, run=RUN,
+                  round_timeout=600.0, state=None, clock=0, token=token, host=host, ports=[0], ports_from="port 0",
+                  max_body_bytes=max_body_bytes(part), threads=2 * num_workers + 4) for part in plan.split(center)]
+    processes = start_shards(specs)
+    return ServerGroup(processes, [p.url for p in processes], token, plan.as_data())
+
+
 def _serve() -> None:
     """The ``--serve`` entry: one server process (see :func:`start_servers`)."""
     from elephant.optimizers import get
@@ -294,15 +332,19 @@ def _serve() -> None:
 
 # ------------------------------------------------------------------ clients
 class Worker:
-    """One logical worker: a keep-alive client per server, its partition, its commits' steps."""
+    """One logical worker: a keep-alive client (a ShardedClient over the shards of a sharded server), its steps.
 
-    def __init__(self, urls: Sequence[str], token: str, partition: int, deltas: Sequence[list[np.ndarray]]):
-        from elephant.ps import PSClient
+    ``plan``: the shard plan (as data) of a sharded server, None for one server.
+    """
+
+    def __init__(self, urls: Sequence[str], token: str, partition: int, delta: list[np.ndarray],
+                 plan: dict | None = None):
+        from elephant.ps.shard_client import connect_shards
 
         self.partition = partition
-        self.clients = [PSClient(url, token) for url in urls]
-        self.deltas = deltas  # one slice per server, shared by the workers of a process (read only)
-        self.bases = [client.pull(partition).clock for client in self.clients]  # connects, as a task's first pull
+        self.client = connect_shards(urls, token, plan)
+        self.delta = delta  # the commit's tensors, shared by the workers of a process (read only)
+        self.base = self.client.pull(partition).clock  # connects, as a task's first pull
         self.epoch = self.step = 0
 
     def commit(self) -> None:
@@ -311,17 +353,15 @@ class Worker:
 
         key = CommitKey(RUN, self.epoch, self.partition, self.step)
         self.step += 1
-        for i, (client, delta) in enumerate(zip(self.clients, self.deltas)):
-            self.bases[i] = client.commit(key, 1, Commit(delta, 1, 1, self.bases[i])).clock
+        self.base = self.client.commit(key, 1, Commit(self.delta, 1, 1, self.base)).clock
 
     def close(self) -> None:
-        for client in self.clients:
-            client.close()
+        self.client.close()
 
 
-def deltas_for(nbytes: int, shards: int) -> list[list[np.ndarray]]:
-    """A commit's tensors (small, finite) for each of ``shards`` servers, ``nbytes / shards`` each."""
-    return [[t * 1e-6 for t in model(nbytes // shards)] for _ in range(shards)]
+def delta_for(nbytes: int) -> list[np.ndarray]:
+    """A commit's tensors (small, finite), ``nbytes`` in all, shaped as the server's model."""
+    return [t * 1e-6 for t in model(nbytes)]
 
 
 def _run_worker(worker: Worker, plan: dict, start_at: float) -> LoopResult:
@@ -337,10 +377,10 @@ def _run_worker(worker: Worker, plan: dict, start_at: float) -> LoopResult:
     return open_loop(times, worker.commit, clock, time.sleep, plan["duration"] + plan["grace"])
 
 
-def _client_process(urls, token, nbytes, partitions, commands, results) -> None:
+def _client_process(urls, token, nbytes, partitions, commands, results, plan=None) -> None:
     """A client process: its workers connect once, then run each plan from ``commands`` in threads."""
-    deltas = deltas_for(nbytes, len(urls))
-    workers = [Worker(urls, token, p, deltas) for p in partitions]
+    delta = delta_for(nbytes)
+    workers = [Worker(urls, token, p, delta, plan) for p in partitions]
     results.put({"ready": len(workers)})
     while (plan := commands.get()) is not None:
         outcomes: list[LoopResult] = [LoopResult()] * len(workers)
@@ -382,7 +422,8 @@ class ClientPool:
         for partitions in split_workers(num_workers, processes):
             commands = ctx.Queue()
             process = ctx.Process(target=_client_process,
-                                  args=(servers.urls, servers.token, nbytes, partitions, commands, self._results))
+                                  args=(servers.urls, servers.token, nbytes, partitions, commands, self._results,
+                                        servers.plan))
             process.start()
             self._commands.append(commands)
             self._processes.append(process)
@@ -439,7 +480,7 @@ def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int
     host = link.server_address if link else "127.0.0.1"
     servers = start_servers(nbytes, store_workers, rule, shards, host=host, link=link)
     try:
-        worker = Worker(servers.urls, servers.token, 0, deltas_for(nbytes, shards))
+        worker = Worker(servers.urls, servers.token, 0, delta_for(nbytes), servers.plan)
         idle0, t_idle = servers.cpu_seconds(), time.perf_counter()
         time.sleep(1.0)
         idle_rate = (servers.cpu_seconds() - idle0) / (time.perf_counter() - t_idle)  # reported, not subtracted
@@ -683,7 +724,8 @@ def main(argv: list[str] | None = None) -> dict:
 def _method(args, phases, duration: float, capacity_s: float) -> dict:
     return {
         "phases": sorted(phases), "rule": args.rule, "mode": "asynchronous", "shards": args.shards,
-        "server": "elephant Store + create_app + PSServer in its own process per shard (subprocess, --serve); "
+        "server": "elephant Store + create_app + PSServer in its own process (subprocess, --serve); with --shards "
+                  "S > 1 one elephant.ps.shard_process per shard of plan_shards over the model; "
                   "bearer token secrets.token_urlsafe(32); max_body_bytes as the fit; 2K+4 handler threads",
         "cpu": "client: time.thread_time() of the committing thread (a); getrusage(RUSAGE_SELF) per client "
                "process (b). server: utime+stime of /proc/<pid>/stat (10 ms ticks); idle rate recorded, "
@@ -692,7 +734,8 @@ def _method(args, phases, duration: float, capacity_s: float) -> dict:
                      "sends not started within grace after the window count with their wait so far",
         "capacity": f"closed loop, min(K, {CLOSED_LOOP_MAX}) workers back to back for {capacity_s:g} s, same run",
         "b_bytes": args.bytes, "b_offered_seconds": duration, "client_processes": args.client_processes,
-        "shard_client": "sequential fan-out: each worker commits its 1/S slice to each server in turn",
+        "shard_client": "elephant ShardedClient (connect_shards): each commit split by the plan, the S slices "
+                        "sent in parallel",
     }
 
 

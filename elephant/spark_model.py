@@ -130,9 +130,9 @@ class SparkModel:
             needs a rule whose server step is elementwise (every registered
             rule) and no ``norm_guard`` (else 1 is decided, and a larger
             ``ps_shards`` is refused here), and a classic session (a Spark
-            Connect fit serves one shard). The shards run in the driver's
-            process for now, so they spread the bytes over several servers
-            but share one Python interpreter.
+            Connect fit serves one shard). Each shard runs in a process of
+            its own on the driver host (about 50 MB and under a second to
+            start), so the shards' commits do not share one interpreter.
 
     The fit runs on the driver's Keras backend (TensorFlow, JAX or torch); the
     executors' Python workers get the same one (:mod:`elephant.framework`),

@@ -1,5 +1,6 @@
 """Shared test settings: quiet TensorFlow, loopback-only Spark, leak checks."""
 
+import multiprocessing
 import os
 import sys
 import threading
@@ -54,10 +55,18 @@ def _ps_threads():
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("elephant-ps"))
 
 
+def _ps_processes():
+    """Shard processes (elephant.ps.shard_process) still alive; ``active_children`` also reaps the ended ones."""
+    return sorted(f"{p.name} (pid {p.pid})" for p in multiprocessing.active_children()
+                  if p.name.startswith("elephant-ps-shard"))
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_parameter_server():
-    """Fail a test that leaves a parameter-server thread (serve loop or handler) running."""
-    before = set(_ps_threads())
+    """Fail a test that leaves a parameter-server thread (serve loop or handler) or shard process running."""
+    before, processes = set(_ps_threads()), set(_ps_processes())
     yield
     leaked = [name for name in _ps_threads() if name not in before]
     assert not leaked, f"parameter-server threads left running: {leaked}"
+    leaked = [name for name in _ps_processes() if name not in processes]
+    assert not leaked, f"parameter-server shard processes left running: {leaked}"

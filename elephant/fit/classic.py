@@ -2,15 +2,19 @@
 
 The training data become an RDD of numpy blocks cached on the executors (or
 one broadcast per shard for numpy input), the model archive one broadcast,
-and the parameter server runs in the driver's process on
-:func:`elephant.session.ps_host` (one server per shard of a sharded server,
-each with its own threads); each epoch is one Spark job (a barrier stage in
-synchronous mode) in the fit's job group.
+and the parameter server runs on the driver host at :func:`elephant.session.ps_host`:
+an unsharded one in the driver's process (its own threads), a sharded one as
+one process per shard (:mod:`elephant.ps.shard_process`; each shard's commits
+then get a core of their own instead of sharing the driver's GIL), or, with
+:data:`SHARDS_IN_PROCESSES` False, one server per shard in the driver's
+threads. Each epoch is one Spark job (a barrier stage in synchronous mode) in
+the fit's job group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +26,14 @@ from elephant.fit.epoch import collect_checked
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
 
-__all__ = ["ClassicRun", "training_rdd"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ClassicRun", "training_rdd", "SHARDS_IN_PROCESSES"]
+
+#: Whether a sharded server's shards run in processes of their own (True, the default) or in the driver's
+#: threads (False). A module setting, not a fit argument: it changes where the same bytes are computed, never
+#: what is trained; threads are kept to compare against and to debug a shard in the driver's own process.
+SHARDS_IN_PROCESSES = True
 
 
 def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
@@ -64,6 +75,16 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     return stage.mapPartitions(task).collect()
 
 
+def _hostable(optimizer) -> bool:
+    """Whether the shards can serve from processes; where not, why is logged and they serve from threads."""
+    from elephant.ps.shard_process import unhostable
+
+    why = unhostable(optimizer)
+    if why:
+        log.warning("the parameter-server shards serve from the driver's threads, not processes: %s", why)
+    return why is None
+
+
 class ClassicRun:
     """The Spark side of a fit in a classic session (see the module's docstring)."""
 
@@ -75,6 +96,7 @@ class ClassicRun:
         self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
         self.samples = self.rdd.elephant_samples
         self._servers: list[Any] = []
+        self._processes = None  # the ShardedStore whose shards serve from processes
         self._broadcast, self._group = None, None
         self.hosted = False  # the parameter server lives in the driver (it may be sharded)
 
@@ -95,8 +117,10 @@ class ClassicRun:
         """Broadcast the model and start the servers: ``(the tasks' model_bytes, the servers' urls)``.
 
         One server per shard of ``store`` (a :class:`~elephant.ps.sharded_store.ShardedStore`'s
-        ``shards``, else the store itself), each in the driver's process with its own
-        threads, on a port of :func:`elephant.session.ps_ports`; the urls are in shard order.
+        ``shards``, else the store itself) on a port of :func:`elephant.session.ps_ports`, the
+        urls in shard order: an unsharded store's in the driver's process with its own threads,
+        a sharded one's each in a process of its own (:meth:`ShardedStore.serve_in_processes`;
+        in the driver's threads where :data:`SHARDS_IN_PROCESSES` is False).
         """
         from elephant.ps.app import create_app, max_body_bytes
         from elephant.ps.server import start_server
@@ -106,10 +130,14 @@ class ClassicRun:
         self._group = job_group
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
         host, ports = session.ps_host(sc), session.ps_ports(sc)
+        threads = 2 * self.num_workers + 4
+        if SHARDS_IN_PROCESSES and getattr(store, "num_shards", 1) > 1 and _hostable(store.optimizer):
+            self._processes = store  # stopped in close(), also when a shard fails to start
+            urls = store.serve_in_processes(token, host, ports, threads, ports_from=session.PS_PORTS_KEY)
+            return self._broadcast, urls
         for shard in getattr(store, "shards", (store,)):  # stopped in close(), also when a later one fails
             app = create_app(shard, token, max_body_bytes=max_body_bytes(shard.template))
-            self._servers.append(start_server(app, host, ports, 2 * self.num_workers + 4,
-                                              ports_from=session.PS_PORTS_KEY))
+            self._servers.append(start_server(app, host, ports, threads, ports_from=session.PS_PORTS_KEY))
         return self._broadcast, tuple(server.url for server in self._servers)
 
     def job(self, store, barrier: bool):
@@ -134,6 +162,12 @@ class ClassicRun:
     def close(self) -> None:
         servers, self._servers = self._servers, []
         failed = []
+        processes, self._processes = self._processes, None
+        if processes is not None:
+            try:
+                processes.stop_processes()
+            except Exception as exc:
+                failed.append(exc)
         for server in servers:  # every one, even after one fails to stop
             try:
                 server.stop()

@@ -17,6 +17,8 @@ Layers, bottom up (each importable without the ones above it):
   methods that sends each request to every shard in parallel;
 * :mod:`elephant.ps.sharded_store` -- the driver's view of the shards' stores, with the
   store methods a fit uses.
+* :mod:`elephant.ps.shard_process` -- one shard in a process of its own on the driver
+  host, steered over a pipe through the same store methods.
 
 Names are loaded lazily, so a Spark task importing the client never imports Flask.
 """

@@ -11,10 +11,14 @@ many shards there are. :func:`make_store` gives the fit its store: a plain
 :class:`Store` for one shard (the unsharded path, unchanged), else a
 :class:`ShardedStore`.
 
-For now the shards are stores in the driver's process, each served by its own
-server thread pool (:class:`elephant.fit.classic.ClassicRun`). Everything the
-fit asks of them goes through this class, so a shard can later live in a
-process of its own behind the same methods.
+The shards start as stores in the driver's process. :meth:`ShardedStore.serve_in_processes`
+moves each into a process of its own on the driver host, serving its own
+URL (:mod:`elephant.ps.shard_process`; what a classic fit does for ``S > 1``,
+:class:`elephant.fit.classic.ClassicRun`), and holds a
+:class:`~elephant.ps.shard_process.ShardProcess` per shard in its place: the
+same methods, each a request over a pipe. :meth:`ShardedStore.stop_processes`
+ends them and takes every shard's final state back into a closed store in
+this process, so the center, metrics and ledgers stay readable after the fit.
 
 What the methods answer:
 
@@ -178,6 +182,66 @@ class ShardedStore:
         """Close every shard (waiting requests are woken with ``StoreClosedError``)."""
         for store in self._stores:
             store.close()
+
+    # -------------------------------------------------------------- processes
+    @property
+    def in_processes(self) -> bool:
+        """Whether the shards are served by processes of their own (:meth:`serve_in_processes`)."""
+        from elephant.ps.shard_process import ShardProcess
+
+        return any(isinstance(s, ShardProcess) for s in self._stores)
+
+    def serve_in_processes(self, token: str, host: str, ports: Sequence[int], threads: int, *,
+                           ports_from: str = "the given ports", ready_timeout: float = 120.0) -> tuple[str, ...]:
+        """Move every shard into a process of its own, serving on ``host``; the shards' URLs, in shard order.
+
+        Each process starts from its store's center, rule state, clock and run id, with a server of
+        ``threads`` handler threads on the first port of ``ports`` it can bind (``[0]``: any free
+        port) and the store's request-body limit (:func:`~elephant.ps.app.max_body_bytes`). The
+        stores in this process are then dropped; :meth:`stop_processes` brings the state back.
+
+        Raises:
+            PSError: the shards already serve from processes, or one failed to start (the others
+                are stopped, and this store keeps its in-process shards).
+        """
+        from elephant.errors import PSError
+        from elephant.ps.app import max_body_bytes
+        from elephant.ps.shard_process import start_shards
+
+        if self.in_processes:
+            raise PSError(f"the shards of run {self.run} already serve from processes; stop_processes() first")
+        specs = []
+        for store in self._stores:
+            shot = store.snapshot()
+            specs.append(dict(center=list(shot.center), state=shot.state, clock=shot.clock, run=store.run,
+                              optimizer=store.optimizer, mode=store.mode, num_workers=store.num_workers,
+                              round_timeout=store.round_timeout, token=token, host=host, ports=list(ports),
+                              ports_from=ports_from, max_body_bytes=max_body_bytes(store.template), threads=threads))
+        self._round_timeout = self._stores[0].round_timeout
+        processes = start_shards(specs, ready_timeout=ready_timeout)
+        self._stores = tuple(processes)
+        return tuple(p.url for p in processes)
+
+    def stop_processes(self) -> None:
+        """End the shards' processes and go on with their final state in closed stores of this process.
+
+        A shard whose process was gone keeps its stopped handle (its reads raise ``PSError``). Idempotent;
+        nothing to do for in-process shards.
+        """
+        from elephant.ps.shard_process import ShardProcess
+
+        stores = []
+        for shard in self._stores:
+            outcome = shard.stop() if isinstance(shard, ShardProcess) else None
+            if outcome is None:
+                stores.append(shard)
+                continue
+            store = Store(outcome.center, shard.optimizer, shard.mode, shard.num_workers, shard.run,
+                          round_timeout=self._round_timeout, state=outcome.state, clock=outcome.clock)
+            store.absorb(outcome)  # the ledger and the counters (the new store's are empty)
+            store.close()
+            stores.append(store)
+        self._stores = tuple(stores)
 
     def __repr__(self) -> str:
         return f"ShardedStore(run={self.run!r}, shards={self.num_shards}, bytes={self._plan.shard_bytes()})"

@@ -193,6 +193,7 @@ class Store:
     num_workers = property(lambda self: self._num_workers, doc="Number of partitions.")
     optimizer = property(lambda self: self._optimizer, doc="The distributed optimizer.")
     clock = property(lambda self: self._clock, doc="Commits (asynchronous) or rounds (synchronous) applied.")
+    round_timeout = property(lambda self: self._round_timeout, doc="Seconds a round or an SSP admission may wait.")
     streams_rounds = property(
         lambda self: self._mode == "synchronous" and self._optimizer.streams_rounds,
         doc="Whether synchronous rounds are summed as their commits arrive (the rule's ``streams_rounds``).")

@@ -1,15 +1,19 @@
 """SparkModel(ps_shards=2): a classic fit served by two shards trains as one server does, and fails as safely.
 
 Every fit here records its driver-side store (``make_store`` wrapped), so the
-tests read each shard's ledger and counters, not only the merged ones.
+tests read each shard's ledger and counters, not only the merged ones. The
+shards serve from processes of their own (the fit's default for ``S > 1``);
+one test also runs them in the driver's threads (``SHARDS_IN_PROCESSES``).
 """
 
+import logging
 from collections import Counter
 
 import numpy as np
 import pytest
 
 from elephant import SparkModel
+from elephant.fit import classic
 from elephant.ps import sharded_store
 
 from .helpers import accuracy, digits_model
@@ -46,13 +50,22 @@ def _once_per_shard(store):
     return keys
 
 
+def _process_urls(caplog):
+    """The URLs that shard processes reported ready in the log records so far (elephant.ps.shard_process)."""
+    return [r.getMessage() for r in caplog.records if "shard processes ready" in r.getMessage()]
+
+
 @pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
-def test_two_shards_train_as_one_server(spark, digits, stores, mode):
+def test_two_shards_train_as_one_server(spark, digits, stores, mode, caplog):
     x_train, x_test, y_train, y_test = digits
     found = {}
     for shards in (1, 2):
         sm = SparkModel(digits_model(), mode=mode, num_workers=2, ps_shards=shards, spark=spark)
-        history = sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="elephant.ps.shard_process"):
+            history = sm.fit(x_train, y_train, epochs=EPOCHS, batch_size=32, verbose=0)
+        ready = _process_urls(caplog)
+        assert len(ready) == (shards > 1) and all(url in ready[0] for url in sm.last_report.ps_urls[1:])
         assert sm.fit_plan["ps_shards"] == shards and sm.fit_plan["shard_choice"]["requested"] == shards
         assert len(sm.last_report.ps_urls) == shards and sm.ps_url == sm.last_report.ps_urls[0]
         assert history.history["loss"][-1] < history.history["loss"][0]
@@ -69,8 +82,10 @@ def test_two_shards_train_as_one_server(spark, digits, stores, mode):
     assert abs(one - two) < 0.06, found
 
 
-def test_one_worker_trains_the_same_bytes_through_two_shards(spark, digits, stores):
+@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
+def test_one_worker_trains_the_same_bytes_through_two_shards(spark, digits, stores, monkeypatch, processes):
     """Deterministic: one worker, no shuffle, synchronous rounds; the shards' slices join to the same center."""
+    monkeypatch.setattr(classic, "SHARDS_IN_PROCESSES", processes)
     x_train, _, y_train, _ = digits
     weights = {}
     for shards in (1, 2):
