@@ -272,8 +272,17 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             checkpoint.remove(backup.backup_dir)
     except BaseException:
         runner.cancel()
+        _keep_server_record(report, store, failing=True)
         raise
-    finally:
-        report.metrics = store.metrics()
-        report.ledger = store.ledger()
+    _keep_server_record(report, store)
     return history
+
+
+def _keep_server_record(report, store, failing: bool = False) -> None:
+    """The server's final metrics and ledger into the report; a failing fit keeps its own error if they are lost."""
+    try:
+        report.metrics, report.ledger = store.metrics(), store.ledger()
+    except Exception as exc:
+        if not failing:
+            raise
+        log.warning("the parameter server's final metrics could not be read after the fit failed: %s", exc)

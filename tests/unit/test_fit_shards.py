@@ -13,7 +13,7 @@ import pytest
 
 from elephant import checkpoint
 from elephant.config import Settings
-from elephant.errors import ConfigError
+from elephant.errors import ConfigError, PSError
 from elephant.fit.backup import resume_from_backup, rule_identity, save_backup
 from elephant.fit.plan import plan_fit
 from elephant.fit.shard_choice import check_requested_shards, decide_shards, shard_blocker
@@ -303,3 +303,24 @@ def test_the_fit_s_decision_does_not_warn_about_a_short_window_shards_cannot_hel
     with caplog.at_level(logging.INFO, logger="elephant.ps.shards"):
         assert decide_shards(None, 30_000, 2, 0.003) == 1  # the digits MLP committing every step: ~650 commits/s
     assert [r.levelno for r in caplog.records if "commit less often" in r.getMessage()] == [logging.INFO]
+
+
+class _LostServer:
+    """A sharded store whose shard died with the fit: its final metrics cannot be read."""
+
+    def metrics(self):
+        raise PSError("shard 1 of 2 (127.0.0.1:1) is gone")
+
+    ledger = metrics
+
+
+def test_a_failing_fit_keeps_its_own_error_when_the_servers_record_is_lost():
+    from types import SimpleNamespace
+
+    from elephant.fit.loop import _keep_server_record
+
+    report = SimpleNamespace(metrics=None, ledger=None)
+    _keep_server_record(report, _LostServer(), failing=True)  # logged; the fit's own error propagates
+    assert report.metrics is None and report.ledger is None
+    with pytest.raises(PSError, match="is gone"):  # a fit that succeeded must not hide a lost record
+        _keep_server_record(report, _LostServer())
