@@ -1,7 +1,7 @@
 """One parameter-server shard in a process of its own on the driver host, steered over a pipe.
 
 One Python process serves about one core's worth of commits (the GIL;
-``docs/scale-notes.md`` §2), so the ``S`` shards of a sharded server run in
+``benchmarks/ps_scale.py`` measures it), so the ``S`` shards of a sharded server run in
 ``S`` processes. :func:`start_shards` starts them, in parallel, with the
 ``spawn`` start method (never ``fork``: the driver has a JVM gateway and
 threads). Each child builds an ordinary :class:`~elephant.ps.store.Store` over

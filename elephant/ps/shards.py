@@ -10,7 +10,7 @@ Two pure decisions over numbers (no I/O, no threads):
   such lists back, byte for byte.
 * :func:`choose_shards` picks ``S`` from the model's size, the number of
   workers and how often each commits, with the costs measured for one
-  parameter-server process (``docs/scale-notes.md`` §2).
+  parameter-server process (``benchmarks/ps_roundtrip.py`` and ``ps_scale.py``).
 
 The shards themselves are ordinary :class:`~elephant.ps.store.Store` objects
 (each over its slice, built by :func:`elephant.ps.shard_client.shard_stores`),

@@ -150,7 +150,7 @@ MB = 10**6
     (1 * MB, 512, 2.0, 1),
     (40 * MB, 8, 2.0, 1),        # 4 commits/s of 40 MB: 0.16 GB/s, 0.11 core
     (40 * MB, 8, 0.25, 3),       # 32 commits/s: 1.28 GB/s over 0.5 GB/s a shard = 2.56
-    (40 * MB, 64, 2.0, 3),       # the scale notes' saturating case: 1.28 GB/s each way
+    (40 * MB, 64, 2.0, 3),       # the saturating case: 1.28 GB/s each way
     (40 * MB, 64, 30.0, 1),
     (400 * MB, 8, 30.0, 1),
     (400 * MB, 64, 30.0, 2),     # 2.1 commits/s: 0.85 GB/s, 0.6 core
