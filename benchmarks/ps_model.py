@@ -545,6 +545,99 @@ def plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+def short(r: dict) -> str:
+    comp = {"none": "fp32", "bf16": "bf16", "int8": "int8"}[r["codec"]]
+    if r["compressed_replies"]:
+        comp += "+r"
+    return f"{'D' if r['hosting'] == 'driver' else 'E'}{r['shards']} {comp}"
+
+
+def markdown(doc: dict) -> str:
+    """The README's tables from a results document."""
+    out = []
+    chk = doc["calibration_check"]
+    out.append("| phase | source | fit | point | measured | model | error |")
+    out.append("|---|---|---|---|---:|---:|---:|")
+    for r in chk:
+        if r["phase"] == "a":
+            out.append(f"| a server ms | {r['source']} (S={r['shards']}) | {r['fit']} | {r['size']} | "
+                       f"{r['server_ms']:.3g} | {r['server_ms_model']:.3g} | {r['server_err']:+.0%} |")
+    for r in chk:
+        if r["phase"] == "a":
+            out.append(f"| a p50 ms | {r['source']} (S={r['shards']}) | {r['fit']} | {r['size']} | "
+                       f"{r['p50_ms']:.3g} | {r['p50_ms_model']:.3g} | {r['p50_err']:+.0%} |")
+    for r in chk:
+        if r["phase"] == "b-capacity":
+            out.append(f"| b capacity /s | ps_scale | one core | K={r['workers']} | {r['measured']:.0f} | "
+                       f"{r['model_one_core']:.0f} | {r['err_one_core']:+.0%} |")
+            out.append(f"| b capacity /s | ps_scale | at the measured {r['server_cores_measured']:.2f} cores | "
+                       f"K={r['workers']} | {r['measured']:.0f} | {r['model_at_measured_cores']:.0f} | "
+                       f"{r['err_at_measured_cores']:+.0%} |")
+    for r in chk:
+        if r["phase"] == "b-p50":
+            out.append(f"| b p50 ms | ps_scale | {r['fit']} | K={r['workers']}, load {r['load']} | "
+                       f"{r['p50_ms']:.3g} | {r['p50_ms_model']:.3g} | {r['p50_err']:+.0%} |")
+    for r in chk:
+        if r["phase"] == "c":
+            out.append(f"| c p50 ms | {r['rate']} | {r['fit']} | {r['size']} | {r['p50_ms']:.4g} | "
+                       f"{r['p50_ms_model']:.4g} | {r['p50_err']:+.0%} |")
+    out.append("")
+    rows = doc["rows"]
+    Ks = sorted({r["workers"] for r in rows})
+    for mode in ("async", "sync"):
+        out.append(f"Efficiency, {mode}, P = 40 MB, T = 2 s (D = shards on the driver host, one NIC; "
+                   "E = shards on executors, a NIC each; +r = compressed replies, a what-if):")
+        out.append("")
+        head = " | ".join(f"{B:g} Gb/s K={K}" for B in (10.0, 25.0) for K in Ks)
+        out.append(f"| config | {head} |")
+        out.append("|---|" + "---:|" * (2 * len(Ks)))
+        picks = [("driver", 1), ("driver", 4), ("driver", 16), ("executors", 4), ("executors", 16)]
+        for h, S in picks:
+            for codec, crep in (("none", False), ("int8", False), ("int8", True)):
+                cells = []
+                for B in (10.0, 25.0):
+                    for K in Ks:
+                        hit = [r for r in rows if r["mode"] == mode and r["model_mb"] == 40 and r["gbit"] == B
+                               and r["hosting"] == h and r["shards"] == S and r["codec"] == codec
+                               and r["compressed_replies"] == crep and r["workers"] == K]
+                        e = hit[0]["efficiency"] if hit else float("nan")
+                        cells.append(f"**{e:.0%}**" if e >= 0.9 else f"{e:.0%}")
+                name = short({"hosting": h, "shards": S, "codec": codec, "compressed_replies": crep})
+                out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("Best configuration per cell, every P (efficiency, config, p99 ms; fewest shards among ties "
+               "within 1 point):")
+    out.append("")
+    out.append("| mode | P | B | " + " | ".join(f"K={K}" for K in Ks) + " |")
+    out.append("|---|---:|---:|" + "---|" * len(Ks))
+    for mode in ("async", "sync"):
+        for P in sorted({r["model_mb"] for r in rows}):
+            for B in (10.0, 25.0):
+                cells = []
+                for K in Ks:
+                    sel = [r for r in rows if r["mode"] == mode and r["model_mb"] == P and r["gbit"] == B
+                           and r["workers"] == K]
+                    top = max(r["efficiency"] for r in sel)
+                    near = [r for r in sel if r["efficiency"] >= top - 0.01]
+                    best = min(near, key=lambda r: (r["shards"], r["hosting"] == "executors",
+                                                    r["compressed_replies"], -r["efficiency"]))
+                    cells.append(f"{best['efficiency']:.0%} {short(best)} {best['p99_ms']:.0f}")
+                out.append(f"| {mode} | {P:g} MB | {B:g} | " + " | ".join(cells) + " |")
+    sens = doc.get("sensitivity_K512_P40MB_10G")
+    if sens:
+        out.append("")
+        out.append("Sensitivity of the target (K = 512, P = 40 MB, 10 Gb/s, T = 2 s, executor shards) to the "
+                   "server's CPU line:")
+        out.append("")
+        out.append("| server line | a ms | b ms/MB | config | mode | efficiency | p99 ms | shard CPU s/window |")
+        out.append("|---|---:|---:|---|---|---:|---:|---:|")
+        for r in sens:
+            out.append(f"| {r['calibration']} | {r['server_fixed_ms']:.2f} | {r['server_ms_per_mb']:.2f} | "
+                       f"{r['config']} | {r['mode']} | {r['efficiency']:.0%} | {r['p99_ms']:.0f} | "
+                       f"{r['shard_cpu_s_per_window']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -552,7 +645,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--driver-cores", type=int, default=16)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tables", metavar="JSON", help="print the README's markdown tables from a results file")
     args = ap.parse_args(argv)
+    if args.tables:
+        print(markdown(json.loads(Path(args.tables).read_text())))
+        return 0
 
     docs = {}
     for name in ("ps_scale", "ps_scale_a_s1", "ps_scale_a_s2", "ps_scale_downpour"):
@@ -572,6 +669,28 @@ def main(argv=None) -> int:
              for mode in ("async", "sync") for S in (32, 64)
              for codec, crep in (("none", False), ("int8", False), ("int8", True))]
     extra_rows = run_grid(extra, cal, args.windows, args.warmup)
+    # Sensitivity of the target to the server line: the other fits of phase (a).
+    other = calibrate(phase_rows(docs["ps_scale"], "a"), phase_rows(docs["ps_scale"], "c"))
+    variants = {
+        "ps_scale_a_s1 fit (the model's)": cal,
+        "ps_scale.json (a) fit": replace(cal, server_fixed_ms=other.server_fixed_ms,
+                                         server_ms_per_mb=other.server_ms_per_mb),
+        "DOWNPOUR's line (ps_scale_downpour.json)": replace(cal, server_fixed_ms=dp[0], server_ms_per_mb=dp[1]),
+        "server per-MB cost +25 %": replace(cal, server_ms_per_mb=1.25 * cal.server_ms_per_mb),
+    }
+    sensitivity = []
+    for name, vcal in variants.items():
+        for S in (16, 32):
+            for codec in ("none", "int8"):
+                for mode in ("async", "sync"):
+                    cfg = Config(512, 40 * MB, 10.0, S, "executors", codec, False, mode,
+                                 driver_cores=args.driver_cores)
+                    r = run_grid([cfg], vcal, args.windows, args.warmup)[0]
+                    sensitivity.append({"calibration": name, "server_fixed_ms": round(vcal.server_fixed_ms, 3),
+                                        "server_ms_per_mb": round(vcal.server_ms_per_mb, 3),
+                                        "config": label(cfg), "mode": mode, "efficiency": r["efficiency"],
+                                        "p99_ms": r["p99_ms"], "binding": r["bounds"]["binding"],
+                                        "shard_cpu_s_per_window": r["bounds"]["shard_cpu_s_per_window"]})
     elapsed = time.time() - t0
 
     stem = "ps_model_quick" if args.quick else "ps_model"
@@ -595,6 +714,7 @@ def main(argv=None) -> int:
         "target": target(rows + extra_rows, cal),
         "rows": rows,
         "extra_rows_more_shards": extra_rows,
+        "sensitivity_K512_P40MB_10G": sensitivity,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
