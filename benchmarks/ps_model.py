@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
