@@ -109,9 +109,13 @@ def replica_structure(model, custom_objects) -> str:
 
     Models given ``custom_objects`` never share (each fit builds its own replica): a
     custom layer redefined in a notebook keeps its name and config, and a shared
-    replica would run its old code.
+    replica would run its old code. A learning rate that is a number is left out
+    of the key: every task sets it (``TaskSpec.learning_rate``), so fits that
+    differ only in it (a sweep) share a replica and its traced train step.
     """
-    return "" if custom_objects else structure_fingerprint(model)
+    if custom_objects:
+        return ""
+    return structure_fingerprint(model, settable_rate=settable_learning_rate(model.optimizer) is not None)
 
 
 def settable_learning_rate(local: Any) -> float | None:
