@@ -5,8 +5,9 @@ stratified 75/25 split whose 25 % is ``validation_data``, a one-hidden-layer MLP
 (64 units, Adam), ``batch_size=32``. On one ``local[2]`` session (loopback, UI
 off, TensorFlow at one thread per process), after a warm-up fit, it runs
 ``SparkModel(num_workers=W, frequency="epoch").fit(..., epochs=E)`` for W = 1
-and 2, and a plain Keras ``fit`` of the same model on the same data with the
-same validation, timing every epoch. Each elephant epoch is split as:
+and 2 (each fit at another learning rate, 2e-3 and 3e-3, as a sweep's trials),
+and a plain Keras ``fit`` of the same model on the same data with the same
+validation, timing every epoch. Each elephant epoch is split as:
 
 * ``before job``: the epoch's first callback to the job's start (learning rate,
   ``TaskSpec``, the progress thread);
@@ -157,14 +158,14 @@ def breakdown(marks: dict, next_begin: float) -> dict[str, float]:
     return row
 
 
-def timed_fit(spark, data, workers: int, epochs: int, batch_size: int) -> dict:
+def timed_fit(spark, data, workers: int, epochs: int, batch_size: int, lr: float = 1e-3) -> dict:
     from elephant import SparkModel
 
     x_train, x_val, y_train, y_val = data
     probe = Probe()
     undo = install(probe)
     try:
-        sm = SparkModel(build(), num_workers=workers, frequency="epoch", spark=spark)
+        sm = SparkModel(build(lr=lr), num_workers=workers, frequency="epoch", spark=spark)
         t_call = time.time()
         sm.fit(x_train, y_train, epochs=epochs, batch_size=batch_size, validation_data=(x_val, y_val),
                verbose=0, callbacks=list(probe.callbacks()))
@@ -173,7 +174,7 @@ def timed_fit(spark, data, workers: int, epochs: int, batch_size: int) -> dict:
         undo()
     begins = [probe.epochs[e]["begin"] for e in range(epochs)] + [t_return]
     rows = [breakdown(probe.epochs[e], begins[e + 1]) for e in range(epochs)]
-    return {"workers": workers, "epochs": rows, "fit_start": begins[0] - t_call,
+    return {"workers": workers, "lr": lr, "epochs": rows, "fit_start": begins[0] - t_call,
             "fit_end": t_return - probe.epochs[epochs - 1]["end"], "fit_seconds": t_return - t_call}
 
 
@@ -228,8 +229,8 @@ def child(args) -> dict:
     timed_fit(spark, data, 2, 2, args.batch_size)  # warm-up: both Python workers, the replicas, the driver's traces
     out = {"elephant": os.path.dirname(os.path.dirname(elephant.__file__)), "load_at_start": os.getloadavg(),
            "keras_epochs": plain_keras(data, args.epochs, args.batch_size), "fits": []}
-    for workers in args.workers:
-        out["fits"].append(timed_fit(spark, data, workers, args.epochs, args.batch_size))
+    for i, workers in enumerate(args.workers):  # each fit at its own learning rate, as the trials of a sweep
+        out["fits"].append(timed_fit(spark, data, workers, args.epochs, args.batch_size, lr=1e-3 * (2 + i)))
     if args.profile:
         out["profile"] = profile_fit(spark, data, 1, args.epochs, args.batch_size)
     out["load_at_end"] = os.getloadavg()
