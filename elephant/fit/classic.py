@@ -85,8 +85,8 @@ class ClassicRun:
 
     def check_slots(self) -> None:
         settings = self.settings
-        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc, self.conf), settings.optimizer.staleness_bound,
-                                    settings.mode)
+        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc, self.conf),
+                                    settings.optimizer.staleness_bound, settings.mode)
 
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""

@@ -12,12 +12,13 @@ the running Keras keeps no such class (:func:`epoch_iterator_class` None), it
 calls ``model.evaluate`` as it is.
 
 The first pass of a fit costs more: building the iterator and tracing the
-model's test step, 0.5-0.7 s for the digits MLP, paid after the first epoch's
+model's test step, 0.3-0.7 s for the digits MLP, paid after the first epoch's
 job on a driver that sat idle during it. :meth:`Validation.warm_up` runs that
 pass in a thread while the job runs (its logs are dropped; ``evaluate`` resets
 the metrics it reads at its start, so the epoch's own pass is unchanged), where
 :func:`warms_up` allows it: the model's test step is Keras' own, which reads the
-weights and writes only its metrics.
+weights and writes only its metrics. The fit waits for it (:meth:`Validation.close`)
+before it sets the epoch's center into the model.
 """
 
 from __future__ import annotations
