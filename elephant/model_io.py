@@ -77,7 +77,7 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-def structure_fingerprint(model) -> str:
+def structure_fingerprint(model, *, settable_rate: bool = False) -> str:
     """A content hash of what a training replica keeps from one fit to the next.
 
     Architecture, compile settings and the optimizer's variables, but not the
@@ -85,17 +85,47 @@ def structure_fingerprint(model) -> str:
     pulls. Two fits of models that differ only in their weights (a notebook cell
     run again, a benchmark's seeds) can therefore share a rebuilt replica and its
     traced train step (see :func:`elephant.replicas.training_model`).
+
+    With ``settable_rate`` the optimizer's learning rate is left out too (its
+    compile setting and its variable): for a fit whose tasks set the rate
+    themselves (``TaskSpec.learning_rate``, given whenever the rate is a number,
+    not a schedule), so that a sweep over learning rates shares replicas. Default False.
     """
     import numpy as np
 
     architecture = _without_layer_names(json.loads(model.to_json()))  # holds the compile config too
+    if settable_rate:
+        architecture = _without_learning_rate(architecture)
     digest = hashlib.sha256(b"structure:" + json.dumps(architecture, sort_keys=True).encode())
     optimizer = getattr(model, "optimizer", None)
     for v in getattr(optimizer, "variables", None) or []:
+        if settable_rate and _is_learning_rate(v):
+            continue
         value = np.asarray(v)
         digest.update(str((v.path.partition("/")[2], value.shape, value.dtype)).encode())  # path minus the optimizer's name
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()[:16]
+
+
+def _is_learning_rate(variable) -> bool:
+    """Whether an optimizer variable is its learning rate (``adam/learning_rate``, an inner optimizer's too)."""
+    return variable.path.rpartition("/")[2] == "learning_rate"
+
+
+def _without_learning_rate(config: dict) -> dict:
+    """A model config whose compiled optimizer (and any inner one) has ``learning_rate`` None."""
+    def strip(optimizer: Any) -> Any:
+        if not isinstance(optimizer, dict) or not isinstance(optimizer.get("config"), dict):
+            return optimizer
+        inner = dict(optimizer["config"], learning_rate=None)
+        if "inner_optimizer" in inner:
+            inner["inner_optimizer"] = strip(inner["inner_optimizer"])
+        return {**optimizer, "config": inner}
+
+    compiled = config.get("compile_config")
+    if not isinstance(compiled, dict) or "optimizer" not in compiled:
+        return config
+    return {**config, "compile_config": {**compiled, "optimizer": strip(compiled["optimizer"])}}
 
 
 def _without_layer_names(config: Any) -> Any:

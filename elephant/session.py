@@ -323,9 +323,13 @@ def job_description(sc, text: str) -> Iterator[None]:
 # ---------------------------------------------------------------- decisions about the cluster
 
 
-def task_slots(sc) -> int:
-    """How many tasks can run at once: default parallelism / cpus per task."""
-    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+def task_slots(sc, conf: Mapping[str, str] | None = None) -> int:
+    """How many tasks can run at once: default parallelism / cpus per task.
+
+    ``conf``: the session's Spark conf as a mapping, if the caller has read it
+    already (None: read from ``sc``; each ``sc.getConf()`` is dozens of Py4J calls).
+    """
+    cpus = int((conf if conf is not None else sc.getConf()).get("spark.task.cpus", "1"))
     return max(1, sc.defaultParallelism // max(1, cpus))
 
 

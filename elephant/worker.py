@@ -117,7 +117,9 @@ class _Window:
         self.diverged_at: int | None = None  # local step whose loss or weights went non-finite
         self._executor = None
         self._inflight: tuple[Any, list[np.ndarray]] | None = None  # (future, weights at send)
+        t0 = time.perf_counter()
         reply = client.pull(partition, epoch=spec.epoch)
+        self.pull_seconds = time.perf_counter() - t0
         self.pulled = reply.center
         self.base_clock = reply.clock
         self.stepper.set_weights(reply.center)
@@ -259,7 +261,11 @@ def run_partition(
     ``stats`` holds the partition's local training loss and metrics (means over
     its steps), ``samples``, ``steps``, ``commits``, timing figures and the
     task's ``device`` (``"gpu:<ids>"`` or ``"cpu"``, :mod:`elephant.gpu`).
+    ``started_at`` and ``ended_at`` are the wall-clock (``time.time()``) bounds of
+    the call, which the driver may compare with its own clock on one machine
+    (``benchmarks/epoch_cost.py`` splits an epoch's job with them).
     """
+    started_at = time.time()
     t_start = time.perf_counter()
     device = enter_task(spec.backend, f"partition {partition} of run {spec.run}")
     limit_threads(cores)
@@ -295,5 +301,8 @@ def run_partition(
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,
             comm_seconds=window.comm_seconds,
+            pull_seconds=window.pull_seconds,
+            started_at=started_at,
+            ended_at=time.time(),
         )
     ]

@@ -92,7 +92,8 @@ class ClassicRun:
         self.sc = spark.sparkContext
         self.settings = settings
         framework.ship(self.sc, framework.current_backend())  # before the first job: its Python workers are the fit's
-        self.devices = gpu.describe_request(dict(self.sc.getConf().getAll()))
+        self.conf = dict(self.sc.getConf().getAll())  # read once: each getConf() is ~27 ms of Py4J calls
+        self.devices = gpu.describe_request(self.conf)
         self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
         self.samples = self.rdd.elephant_samples
         self._servers: list[Any] = []
@@ -106,12 +107,12 @@ class ClassicRun:
 
     def check_slots(self) -> None:
         settings = self.settings
-        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc), settings.optimizer.staleness_bound,
-                                    settings.mode)
+        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc, self.conf),
+                                    settings.optimizer.staleness_bound, settings.mode)
 
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
-        gpu.check_request(dict(self.sc.getConf().getAll()), self.sc.master, backend, self.sc.environment)
+        gpu.check_request(self.conf, self.sc.master, backend, self.sc.environment)
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Broadcast the model and start the servers: ``(the tasks' model_bytes, the servers' urls)``.

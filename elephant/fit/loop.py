@@ -31,6 +31,7 @@ from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
                                    task_devices, validates_after)
 from elephant.fit.report import FitReport
+from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.sources import Source, source
 from elephant.worker import TaskSpec
@@ -108,9 +109,13 @@ def replica_structure(model, custom_objects) -> str:
 
     Models given ``custom_objects`` never share (each fit builds its own replica): a
     custom layer redefined in a notebook keeps its name and config, and a shared
-    replica would run its old code.
+    replica would run its old code. A learning rate that is a number is left out
+    of the key: every task sets it (``TaskSpec.learning_rate``), so fits that
+    differ only in it (a sweep) share a replica and its traced train step.
     """
-    return "" if custom_objects else structure_fingerprint(model)
+    if custom_objects:
+        return ""
+    return structure_fingerprint(model, settable_rate=settable_learning_rate(model.optimizer) is not None)
 
 
 def settable_learning_rate(local: Any) -> float | None:
@@ -205,6 +210,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
 
         callbacks = in_callback_order(args.callbacks, backup, write_backup)
     cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
+    validate = Validation(model, val, args.validation_batch_size, backend) if val is not None else None
     model.stop_training = False
     try:
         model_bytes, urls = runner.open(store, token, report.job_group, model_to_bytes(model))
@@ -230,23 +236,23 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 learning_rate=rate, ps_run=store.run, backend=backend, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
+            if validate is not None and validates_after(epoch, args.validation_freq):
+                validate.warm_up()  # the first pass's set-up, while the driver waits for the job
             try:
                 with runner.guard() as interrupted:
                     results = run_epoch(store, runner.job(store, barrier), spec, epochs=epochs, barrier=barrier,
                                         settings=settings, model=model, interrupted=interrupted)
             finally:
                 progress.stop()
+                if validate is not None:
+                    validate.close()  # a warm-up pass reads the weights that set_weights replaces
             logs = aggregate_logs(results)
             if epoch == initial_epoch:
                 log.info("the tasks ran on %s", task_devices(results))
             plan = _recheck(plan, results, report)
             model.set_weights(store.center())
-            if val is not None and validates_after(epoch, args.validation_freq):
-                val_logs = model.evaluate(
-                    val[0], val[1], sample_weight=val[2] if len(val) > 2 else None,
-                    batch_size=args.validation_batch_size, verbose=0, return_dict=True,
-                )
-                logs.update({f"val_{k}": float(v) for k, v in val_logs.items()})
+            if validate is not None and validates_after(epoch, args.validation_freq):
+                logs.update({f"val_{k}": v for k, v in validate().items()})
             metrics_after = store.metrics()
             if mode != "synchronous":
                 mean_tau = staleness_mean(metrics_before, metrics_after)
@@ -274,6 +280,9 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
         runner.cancel()
         _keep_server_record(report, store, failing=True)
         raise
+    finally:
+        if validate is not None:
+            validate.close()
     _keep_server_record(report, store)
     return history
 

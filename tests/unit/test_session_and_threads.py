@@ -58,6 +58,8 @@ def test_the_parameter_server_binds_where_executors_reach_the_driver(master, hos
 def test_task_slots_divide_parallelism_by_cpus_per_task():
     assert session.task_slots(FakeContext("local[8]", {"parallelism": 8, "spark.task.cpus": "2"})) == 4
     assert session.task_slots(FakeContext("local[1]", {"parallelism": 1, "spark.task.cpus": "4"})) == 1
+    # a conf the caller read already wins over the context's (a fit reads it once)
+    assert session.task_slots(FakeContext("local[8]", {"parallelism": 8}), {"spark.task.cpus": "4"}) == 2
 
 
 def test_limit_threads_sets_tensorflow_pools_to_the_task_cores():

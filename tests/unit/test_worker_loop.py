@@ -252,7 +252,7 @@ def test_models_with_custom_objects_never_share_a_replica():
             return 2.0 * x
 
     model = tiny_model()
-    assert replica_structure(model, None) == structure_fingerprint(model)
+    assert replica_structure(model, None) == structure_fingerprint(model, settable_rate=True)  # its rate is a number
     assert replica_structure(model, {"Scale": Scale}) == ""  # a replica of the fit's own, as before
 
 
@@ -337,3 +337,55 @@ def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
         np.testing.assert_array_equal(a, b)
     assert any((a != b).any() for a, b in zip(first, next_epoch, strict=True))  # another epoch, another order
     assert worker.shuffle_seed("r", 0, 1) != worker.shuffle_seed("r", 0, 0) != worker.shuffle_seed("r", 1, 0)
+
+
+def _adam_at(seed, rate):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+    m.compile(keras.optimizers.Adam(rate), "mse")
+    return m
+
+
+def test_a_replica_key_without_the_settable_rate_ignores_only_the_rate():
+    from elephant.fit.loop import replica_structure
+    from elephant.model_io import structure_fingerprint
+
+    key = structure_fingerprint(_adam_at(0, 0.01), settable_rate=True)
+    assert key == structure_fingerprint(_adam_at(1, 0.05), settable_rate=True)
+    assert key != structure_fingerprint(_adam_at(0, 0.01))  # the default keeps the rate
+    keras.utils.set_random_seed(0)
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+    other.compile(keras.optimizers.Adam(0.01, beta_1=0.8), "mse")
+    assert key != structure_fingerprint(other, settable_rate=True)  # any other optimizer setting still counts
+    assert replica_structure(_adam_at(0, 0.01), None) == replica_structure(_adam_at(2, 0.05), None)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
+    scheduled = _adam_at(0, 0.01)
+    scheduled.compile(keras.optimizers.Adam(schedule), "mse")
+    assert replica_structure(scheduled, None) != replica_structure(_adam_at(0, 0.01), None)  # a schedule: never
+    assert replica_structure(_adam_at(0, 0.01), {"x": object}) == ""
+
+
+def test_fits_at_other_rates_on_one_replica_train_as_if_alone(linear_data):
+    from elephant.fit.loop import replica_structure, settable_learning_rate
+
+    def fit(model, run, epochs, structure, store):
+        model_bytes = model_to_bytes(model)
+        for epoch in epochs:
+            spec = dataclasses.replace(_spec(model_bytes, run, window=2, epoch=epoch), shuffle=False,
+                                       structure=structure, learning_rate=settable_learning_rate(model.optimizer))
+            worker.run_partition(spec, 0, epoch, [linear_data], RecordingClient(store))
+        return store.center()
+
+    slow, fast = _adam_at(5, 0.003), _adam_at(6, 0.05)
+    alone = {name: fit(m, f"{name}-alone", [0, 1], "", _store(m, f"{name}-alone"))
+             for name, m in (("slow", slow), ("fast", fast))}
+    structure = replica_structure(slow, None)
+    assert structure == replica_structure(fast, None)
+    stores = {"slow": _store(slow, "slow-shared"), "fast": _store(fast, "fast-shared")}
+    fit(slow, "slow-shared", [0], structure, stores["slow"])
+    fit(fast, "fast-shared", [0, 1], structure, stores["fast"])  # the slow fit's replica, at the fast rate
+    fit(slow, "slow-shared", [1], structure, stores["slow"])
+    assert not np.allclose(alone["slow"][0], alone["fast"][0])  # the rates made a difference
+    for name in ("slow", "fast"):
+        for got, want in zip(stores[name].center(), alone[name], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
