@@ -33,28 +33,37 @@ class OuterMomentum:
     Args:
         learning_rate: α > 0.
         momentum: β in [0, 1), or None for ``1 − 1/K`` with ``K`` workers
-            (BMUF's block momentum: plain averaging with one worker).
+            (BMUF's block momentum: plain averaging with one worker), or
+            ``1 − 1/min(K, max_gain)`` when ``max_gain`` is set.
         nesterov: Nesterov (default) or heavy-ball momentum.
+        max_gain: the most workers' worth of progress the default β makes of a
+            mean delta in steady state (None, default: ``K``, no cap).
     """
 
-    def __init__(self, learning_rate: float, momentum: float | None, nesterov: bool = True):
+    def __init__(self, learning_rate: float, momentum: float | None, nesterov: bool = True,
+                 max_gain: int | None = None):
         self.learning_rate = check_number("outer_lr", learning_rate, low=0.0, low_open=True)
         self.momentum = None if momentum is None else check_number(
             "outer_momentum", momentum, low=0.0, high=1.0, high_open=True)
         if not isinstance(nesterov, bool):
             raise ConfigError(f"`nesterov` must be True or False; received nesterov={nesterov!r}")
         self.nesterov = nesterov
+        self.max_gain = max_gain
 
     def resolve_momentum(self, num_workers: int) -> float:
         """β for a fit with ``num_workers`` workers."""
-        return 1.0 - 1.0 / max(int(num_workers), 1) if self.momentum is None else self.momentum
+        if self.momentum is not None:
+            return self.momentum
+        gain = max(int(num_workers), 1)
+        return 1.0 - 1.0 / (gain if self.max_gain is None else min(gain, self.max_gain))
 
     def describe(self, num_workers: int) -> str:
         beta = self.resolve_momentum(num_workers)
         if self.learning_rate == 1.0 and beta == 0.0:
             return "plain averaging (no outer step)"
         kind = "Nesterov" if self.nesterov else "heavy-ball"
-        auto = f" = 1 - 1/{num_workers}" if self.momentum is None else ""
+        gain = num_workers if self.max_gain is None else min(num_workers, self.max_gain)
+        auto = f" = 1 - 1/{gain}" if self.momentum is None else ""
         return (f"outer {kind} step on the mean delta: outer_lr={self.learning_rate:g}, outer_momentum={beta:g}{auto} "
                 "(outer_momentum=0 turns it off)")
 

@@ -159,4 +159,5 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
     found = [w for w in plan.warnings(settings["mode"]) if "block momentum" in w]
     assert bool(found) == warned
     if warned:
-        assert "28 points behind" in found[0] and "'outer_momentum': 0.65" in found[0]
+        assert "block momentum 0.75 at 8 workers" in found[0] and "17 and 5 points behind" in found[0]
+        assert "'outer_momentum': 0.65" in found[0]

@@ -49,11 +49,14 @@ def test_plain_averaging_keeps_no_buffer():
     assert rounds(opt, [1.0, 2.0]) == [1.0, 3.0]
 
 
-@pytest.mark.parametrize("workers, beta", [(1, 0.0), (2, 0.5), (4, 0.75), (8, 0.875)])
-def test_block_momentum_default_is_one_minus_one_over_k(workers, beta):
+@pytest.mark.parametrize("workers, beta, capped", [(1, 0.0, 0.0), (2, 0.5, 0.5), (4, 0.75, 0.75), (8, 0.875, 0.75),
+                                                   (32, 0.96875, 0.75)])
+def test_block_momentum_default_is_one_minus_one_over_k_and_averaging_caps_its_gain_at_4(workers, beta, capped):
     assert OuterMomentum(1.0, None).resolve_momentum(workers) == beta
+    assert OuterMomentum(1.0, None, max_gain=4).resolve_momentum(workers) == capped
     state = ModelAveraging(outer_momentum=None).server_init(w(0.0), workers)
-    assert (state is None) if workers == 1 else state["momentum"] == beta
+    assert (state is None) if workers == 1 else state["momentum"] == capped
+    assert ModelAveraging(outer_momentum=0.9).server_init(w(0.0), workers)["momentum"] == 0.9  # given: kept
 
 
 def test_outer_momentum_with_one_worker_is_sequential_sgd():
