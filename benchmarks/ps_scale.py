@@ -147,6 +147,17 @@ class LoopResult:
     messages: list[str] = field(default_factory=list)
     unsent_waits: list[float] = field(default_factory=list)
 
+    def send(self, send: Callable[[], None], clock: Callable[[], float], since: float) -> None:
+        """Send once; record the latency from ``since``, or count the error (never hidden)."""
+        try:
+            send()
+        except Exception as exc:
+            self.errors += 1
+            if len(self.messages) < 3:
+                self.messages.append(str(exc)[:300])
+            return
+        self.latencies.append(clock() - since)
+
 
 def open_loop(times: Sequence[float], send: Callable[[], None], clock: Callable[[], float],
               sleep: Callable[[float], None], deadline: float) -> LoopResult:
@@ -165,14 +176,7 @@ def open_loop(times: Sequence[float], send: Callable[[], None], clock: Callable[
             break
         if due > now:
             sleep(due - now)
-        try:
-            send()
-        except Exception as exc:  # counted and reported, never hidden
-            out.errors += 1
-            if len(out.messages) < 3:
-                out.messages.append(str(exc)[:300])
-            continue
-        out.latencies.append(clock() - due)
+        out.send(send, clock, due)
     return out
 
 
@@ -183,14 +187,7 @@ def closed_loop(send: Callable[[], None], clock: Callable[[], float], sleep: Cal
     if clock() < 0:
         sleep(-clock())
     while (start := clock()) < deadline:
-        try:
-            send()
-        except Exception as exc:  # counted and reported, never hidden
-            out.errors += 1
-            if len(out.messages) < 3:
-                out.messages.append(str(exc)[:300])
-            continue
-        out.latencies.append(clock() - start)
+        out.send(send, clock, start)
     return out
 
 

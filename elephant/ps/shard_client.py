@@ -65,7 +65,7 @@ from elephant.errors import ConfigError, DataError, ElephantError, ProtocolError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps.client import check_template, commit_what
-from elephant.ps.shards import ShardPlan
+from elephant.ps.shards import ShardPlan, check_per_shard
 from elephant.ps.store import Store
 
 logger = logging.getLogger(__name__)
@@ -143,12 +143,7 @@ class ShardedClient:
     """
 
     def __init__(self, clients: Sequence[Any], plan: ShardPlan):
-        if not isinstance(plan, ShardPlan):
-            raise ConfigError(f"`plan` must be a ShardPlan (from plan_shards); received plan={plan!r}")
-        clients = list(clients)
-        if len(clients) != plan.num_shards:
-            raise ConfigError(f"`clients` must hold one client per shard of the plan ({plan.num_shards}); "
-                              f"received {len(clients)} clients")
+        clients = check_per_shard(plan, clients, "clients", "client")
         for i, client in enumerate(clients):
             missing = [name for name in _METHODS if not callable(getattr(client, name, None))]
             if missing:

@@ -51,7 +51,7 @@ import numpy as np
 from elephant.errors import ConfigError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import CommitKey
-from elephant.ps.shards import ShardPlan, plan_shards
+from elephant.ps.shards import ShardPlan, check_per_shard, plan_shards
 from elephant.ps.store import Snapshot, Store
 
 logger = logging.getLogger(__name__)
@@ -90,12 +90,7 @@ class ShardedStore:
     """
 
     def __init__(self, stores: Sequence[Store], plan: ShardPlan):
-        if not isinstance(plan, ShardPlan):
-            raise ConfigError(f"`plan` must be a ShardPlan (from plan_shards); received plan={plan!r}")
-        stores = tuple(stores)
-        if len(stores) != plan.num_shards:
-            raise ConfigError(f"`stores` must hold one store per shard of the plan ({plan.num_shards}); "
-                              f"received {len(stores)} stores")
+        stores = tuple(check_per_shard(plan, stores, "stores", "store"))
         self._stores, self._plan = stores, plan
 
     # ------------------------------------------------------------------ reads

@@ -32,7 +32,7 @@ from elephant.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Piece", "ShardPlan", "plan_shards", "choose_shards", "COMMIT_FIXED_S", "COMMIT_PER_MB_S",
+__all__ = ["Piece", "ShardPlan", "check_per_shard", "plan_shards", "choose_shards", "COMMIT_FIXED_S", "COMMIT_PER_MB_S",
            "PROCESS_BYTES_PER_S", "PROCESS_COMMITS_PER_S"]
 
 #: Server CPU seconds per commit (commit in, reply out), fixed part: the measured cost of a 32 KB commit.
@@ -179,6 +179,21 @@ class ShardPlan:
         """The shape of one piece."""
         shape = self.shapes[piece.tensor]
         return shape if piece.rows is None else (piece.rows[1] - piece.rows[0], *shape[1:])
+
+
+def check_per_shard(plan: Any, items: Sequence[Any], name: str, noun: str) -> list[Any]:
+    """``items`` as a list after checking that ``plan`` is a :class:`ShardPlan` and there is one ``noun`` per shard.
+
+    Raises:
+        ConfigError: naming ``plan`` or ``name`` and what was received.
+    """
+    if not isinstance(plan, ShardPlan):
+        raise ConfigError(f"`plan` must be a ShardPlan (from plan_shards); received plan={plan!r}")
+    items = list(items)
+    if len(items) != plan.num_shards:
+        raise ConfigError(f"`{name}` must hold one {noun} per shard of the plan ({plan.num_shards}); "
+                          f"received {len(items)} {noun}s")
+    return items
 
 
 def _check_shards(shards: Any) -> int:
