@@ -141,9 +141,12 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
     """Run ``max_evals`` trials of ``objective(point, job)`` in pool threads, recorded in an Optuna study.
 
     ``objective`` returns ``{"score", "history", "model", "ps_url"}``
-    (``score`` required) and may call ``job.report(epoch, logs)`` at each
-    epoch end: a True answer means the trial is pruned and should stop (it
-    still returns, with ``score`` its last value). An exception marks the
+    (``score`` required) and may call ``job.report(epoch, logs, final)`` at
+    each epoch end: a True answer means the trial is pruned and should stop (it
+    still returns, with ``score`` its last value). The last epoch
+    (``final=True``) is recorded but not put to the pruner: the trial has
+    trained all its epochs, and a rung at that step (ASHA's at 9 of 9 epochs)
+    would otherwise drop a finished result from the best. An exception marks the
     trial failed. A trial past its deadline gets ``job.cancel()`` every 0.2 s
     until its thread returns (status ``"timeout"``). Finished trials already in
     ``storage``'s study count toward ``max_evals``. ``tracker`` gets each
@@ -218,7 +221,7 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
             with lock:
                 otrial.set_user_attr(MLFLOW_RUN_ID, run_id)
 
-        def report(epoch: int, logs: Mapping[str, Any]) -> bool:
+        def report(epoch: int, logs: Mapping[str, Any], final: bool = False) -> bool:
             step, value = epoch + 1, logs.get(metric)
             trial.epochs = max(trial.epochs, step)
             if tracker is not None:
@@ -229,7 +232,7 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
                 if step not in reported:
                     reported.add(step)
                     otrial.report(float(value), step)
-                prune = otrial.should_prune()
+                prune = not final and otrial.should_prune()
             if prune:
                 log.info("trial %d pruned after %d epochs: %s=%.4g", trial.number, step, metric, value)
             return prune

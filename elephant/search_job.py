@@ -33,7 +33,7 @@ class FitJob:
     the fit also stops at its next epoch edge. :meth:`report` is called at each
     epoch end (by the fit's last callback, or by a stub objective): once the
     search's pruner says stop, ``pruned_at`` holds the epoch and the fit ends
-    there. ``backup_dir``, set by the search, is where the trial's epoch
+    there; the fit's last epoch is reported with ``final=True`` and never pruned. ``backup_dir``, set by the search, is where the trial's epoch
     backups go (None: no backups).
     """
 
@@ -46,15 +46,19 @@ class FitJob:
         self.backup_dir: str | None = None
         self._report: Callable[[int, Mapping[str, Any]], bool] | None = None
 
-    def bind(self, report: Callable[[int, Mapping[str, Any]], bool]) -> None:
-        """Send epoch ends to ``report(epoch, logs)``, which answers whether the trial is pruned."""
+    def bind(self, report: Callable[[int, Mapping[str, Any], bool], bool]) -> None:
+        """Send epoch ends to ``report(epoch, logs, final)``, which answers whether the trial is pruned."""
         self._report = report
 
-    def report(self, epoch: int, logs: Mapping[str, Any]) -> bool:
-        """The epoch ``epoch`` (0-based) ended with ``logs``: True when the trial should stop here (pruned)."""
+    def report(self, epoch: int, logs: Mapping[str, Any], final: bool = False) -> bool:
+        """The epoch ``epoch`` (0-based) ended with ``logs``: True when the trial should stop here (pruned).
+
+        ``final``: it was the fit's last epoch, so the trial is complete
+        whatever the pruner would say (stopping it saves nothing).
+        """
         if self._report is None or self.pruned_at is not None:
             return self.pruned_at is not None
-        if self._report(epoch, logs):
+        if self._report(epoch, logs, final):
             self.pruned_at = epoch
         return self.pruned_at is not None
 
@@ -89,9 +93,11 @@ class FitJob:
 
             on_epoch_end = on_epoch_begin
 
+        last = int(fit_kwargs.get("epochs", 1)) - 1
+
         class ReportEpoch(keras.callbacks.Callback):  # last: after validation and the user's callbacks
             def on_epoch_end(self, epoch, logs=None):
-                if job.report(epoch, dict(logs or {})):
+                if job.report(epoch, dict(logs or {}), final=epoch >= last):
                     self.model.stop_training = True  # the fit's finally releases its jobs, server and blocks
 
         if connect:  # a Connect client's tags belong to the thread that adds them, as job groups do

@@ -83,6 +83,18 @@ def test_failed_trial_is_recorded_and_the_others_finish(spark, digits):
     assert result.best_score == min(t.score for t in result.trials if t.status == "ok")
 
 
+def test_a_trial_that_trains_its_last_epoch_completes_whatever_the_pruner_says(spark, digits):
+    from .test_search_resume import PruneAt
+
+    x_train, _, y_train, _ = digits
+    result = minimize(small_model, {"units": hp.choice("units", [8, 16])}, x_train[:600], y_train[:600],
+                      max_evals=1, pruner=PruneAt({0}, step=2), validation_split=0.2, epochs=2, num_workers=1,
+                      seed=0, verbose=0, spark=spark)
+    trial = result.trials[0]
+    assert (trial.status, trial.epochs) == ("ok", 2) and trial.model is not None
+    assert result.study.trials[0].intermediate_values.keys() == {1, 2}
+
+
 def test_timeout_cancels_the_running_trial_spark_jobs(spark, digits):
     x_train, _, y_train, _ = digits
     # One epoch of about 20,000 single-sample steps, each with a commit round trip, takes far

@@ -46,8 +46,8 @@ def test_a_pruned_trial_releases_its_job_group_server_and_cached_blocks_within_a
             seen["last"] = state
             time.sleep(0.005)
 
-    def deciding(self, epoch, logs):
-        pruned = report(self, epoch, logs)
+    def deciding(self, epoch, logs, final=False):
+        pruned = report(self, epoch, logs, final)
         if pruned and "decided" not in seen:
             seen["decided"] = time.monotonic()
             group = self.sm.job_group

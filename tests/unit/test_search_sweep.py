@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 from elephant.errors import ConfigError
 from elephant.search import hp, minimize, run_search
 from elephant.search_compile import compile_space
+from elephant.search_job import FitJob
 from elephant.search_study import BACKUP_DIR, INTERRUPTED, RESUMED_FROM
 
 SPACE = {"x": hp.uniform("x", -2.0, 2.0)}
@@ -74,6 +75,33 @@ def test_asha_prunes_the_worse_trials_at_the_first_rung():
     assert min(abs(t.params["x"] - 0.5) for t in by_status["ok"]) <= best_pruned
 
 
+@pytest.mark.parametrize("final", [True, False])
+def test_the_last_epoch_is_recorded_but_never_put_to_the_pruner(final):
+    def objective(params, job):  # 9 epochs: ASHA's rungs at 1, 3 and 9 put one at the last epoch
+        for epoch in range(9):
+            value = curve(params["x"], epoch)
+            if job.report(epoch, {"score": value}, final=final and epoch == 8):
+                break
+        return {"score": value}
+
+    result = run_search(objective, SPACE, max_evals=3, pruner=PruneAt({0, 1, 2}, step=9), seed=0)
+    assert [t.epochs for t in result.trials] == [9] * 3
+    frozen = result.study.trials
+    assert all(9 in t.intermediate_values for t in frozen)
+    if final:  # a trial that trained all its epochs is complete and counts for the best
+        assert [t.status for t in result.trials] == ["ok"] * 3 and result.best_trial is not None
+        assert [t.state for t in frozen] == [TrialState.COMPLETE] * 3
+    else:  # an objective that does not say which epoch is its last is pruned at that rung
+        assert [t.status for t in result.trials] == ["pruned"] * 3
+
+
+def test_a_fit_job_passes_on_which_epoch_is_final():
+    job, seen = FitJob(), []
+    job.bind(lambda epoch, logs, final: seen.append((epoch, final)) or False)
+    assert not job.report(0, {}) and not job.report(1, {}, final=True)
+    assert seen == [(0, False), (1, True)]
+
+
 def test_a_pruned_trials_slot_goes_to_the_next_trial():
     started, lock = [], threading.Lock()
 
@@ -130,6 +158,35 @@ def test_conditional_space_with_optuna_tpe():
     assert len(result.trials) == 14 and all(t.status == "ok" for t in result.trials)
     for trial, frozen in zip(result.trials, result.study.trials):
         assert set(frozen.params) == ({"branch", "x"} if frozen.params["branch"] == 0 else {"branch", "x2"})
+
+
+MIXED = {"x": hp.uniform("x", -2.0, 2.0), "lr": hp.loguniform("lr", np.log(1e-4), np.log(0.3)),
+         "units": hp.choice("units", [16, 32, 64])}
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "qmc", "cmaes", "gp", "nsga2"])
+def test_every_optuna_sampler_runs_a_pruned_sweep_over_a_mixed_space_and_repeats_from_its_seed(sampler):
+    if sampler == "cmaes":
+        pytest.importorskip("cmaes")
+    if sampler == "gp":
+        pytest.importorskip("torch")
+        pytest.importorskip("scipy")
+
+    def objective(params, job):  # a learning curve whose floor depends on all three labels
+        for epoch in range(4):
+            value = curve(params["x"], epoch) + abs(np.log10(params["lr"]) + 2) + params["units"] / 640
+            if job.report(epoch, {"score": value}):
+                break
+        return {"score": value}
+
+    runs = [run_search(objective, MIXED, max_evals=10, sampler=sampler, pruner="asha", seed=0) for _ in range(2)]
+    for result in runs:
+        assert len(result.trials) == 10 and {t.status for t in result.trials} <= {"ok", "pruned"}
+        assert "ok" in {t.status for t in result.trials}
+        for t in result.trials:
+            assert -2.0 <= t.params["x"] <= 2.0 and 1e-4 <= t.params["lr"] <= 0.3 and t.params["units"] in (16, 32, 64)
+            assert t.epochs in ((4,) if t.status == "ok" else (1, 3))  # ASHA's rungs: 1 and 3 epochs
+    assert [t.params for t in runs[0].trials] == [t.params for t in runs[1].trials]  # seeded, one at a time
 
 
 def test_a_callable_space():
