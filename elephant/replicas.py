@@ -6,7 +6,10 @@ weights, which every task overwrites with the center it pulls), and cached:
 Spark reuses Python workers across tasks, so later epochs of the same fit reuse
 the model *and its Keras optimizer state* (e.g. Adam moments). That is a
 deliberate choice (dist-keras parity, and resetting moments every epoch
-measurably slows convergence). A later fit of a model with the same structure
+measurably slows convergence). A partition's next epoch may run in another of
+the executor's Python workers (Spark takes the one idle longest), so each task
+also leaves its optimizer state in the executor's files folder for that one
+(:func:`training_replica`). A later fit of a model with the same structure
 (a notebook cell run again, a benchmark's next seed) reuses the replica and its
 traced train step, which saves seconds per fit, but never its optimizer state:
 each fit starts from the optimizer variables the replica was built with, and a
@@ -31,8 +34,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WeightAccess", "cached_model", "evaluate_block", "limit_threads", "predict_block", "training_model",
-           "weight_access", "weighted_metric_keys"]
+__all__ = ["WeightAccess", "cached_model", "evaluate_block", "keep_optimizer_state", "limit_threads", "predict_block",
+           "training_model", "training_replica", "weight_access", "weighted_metric_keys"]
 
 _MODEL_CACHE: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _MODEL_CACHE_SIZE = 4
@@ -140,22 +143,21 @@ class _Replica:
     model: Any
     initial: list[np.ndarray]  # optimizer variables as built from the archive
     run: str | None = None
-    saved: OrderedDict[str, list[np.ndarray]] = dataclasses.field(default_factory=OrderedDict)
+    version: tuple[int, int] | None = None  # (partition, epoch) whose end the optimizer state is; None: as built
+    saved: OrderedDict[str, tuple[tuple[int, int] | None, list[np.ndarray]]] = dataclasses.field(
+        default_factory=OrderedDict)
 
 
 def _optimizer_values(model) -> list[np.ndarray]:
     return [np.array(v) for v in model.optimizer.variables]
 
 
-def training_model(spec):
-    """The replica that trains ``spec.run`` (a :class:`~elephant.worker.TaskSpec`), with that fit's optimizer state.
+def _assign_optimizer(model, values) -> None:
+    for variable, value in zip(model.optimizer.variables, values, strict=True):
+        variable.assign(value)
 
-    Built at most once per process and ``spec.structure``; without a structure,
-    once per process and fit (``spec.fingerprint`` and ``spec.run``). The first task of a fit on a replica saves the
-    previous fit's optimizer variables and loads its own (the ones the replica
-    was built with, for a new fit), so sharing a replica never leaks optimizer
-    state between fits.
-    """
+
+def _replica(spec) -> _Replica:
     from elephant.model_io import model_from_bytes
 
     key = spec.structure or f"{spec.fingerprint}/{spec.run}"
@@ -171,14 +173,135 @@ def training_model(spec):
     _REPLICAS.move_to_end(key)
     if replica.run != spec.run:
         if replica.run is not None:
-            replica.saved[replica.run] = _optimizer_values(replica.model)
+            replica.saved[replica.run] = (replica.version, _optimizer_values(replica.model))
             while len(replica.saved) > _SAVED_RUNS:
                 replica.saved.popitem(last=False)
-        values = replica.saved.pop(spec.run, replica.initial)
-        for variable, value in zip(replica.model.optimizer.variables, values, strict=True):
-            variable.assign(value)
+        replica.version, values = replica.saved.pop(spec.run, (None, replica.initial))
+        _assign_optimizer(replica.model, values)
         replica.run = spec.run
-    return replica.model
+    return replica
+
+
+def training_model(spec):
+    """The replica that trains ``spec.run`` (a :class:`~elephant.worker.TaskSpec`), with that fit's optimizer state.
+
+    Built at most once per process and ``spec.structure``; without a structure,
+    once per process and fit (``spec.fingerprint`` and ``spec.run``). The first task of a fit on a replica saves the
+    previous fit's optimizer variables and loads its own (the ones the replica
+    was built with, for a new fit), so sharing a replica never leaks optimizer
+    state between fits.
+    """
+    return _replica(spec).model
+
+
+def training_replica(spec, partition: int) -> tuple[Any, str]:
+    """The replica for ``partition``'s task of epoch ``spec.epoch``, with the optimizer state its last epoch ended with.
+
+    Spark hands a task to whichever of the executor's idle Python workers has
+    waited longest, so when there are more of them than the fit runs tasks at
+    once (a one-worker trial on two cores, a fit after a wider job), the
+    epochs of one partition move from process to process. Each task therefore
+    leaves its optimizer state where the executor's other Python workers can
+    read it (:func:`keep_optimizer_state`), and a task whose process did not
+    run that partition's previous epoch reads it from there. Returns the model
+    and where its optimizer state came from: ``"kept"`` (this process ran the
+    partition's previous epoch), ``"shared"`` (read from the executor's copy),
+    ``"new"`` (the first epoch of the fit, or of its resumed part) or
+    ``"stale"`` (nothing of that epoch found, e.g. the task moved to another
+    executor: the freshest state this process holds for the fit, as before).
+    """
+    replica = _replica(spec)
+    wanted = (partition, spec.epoch - 1)
+    if replica.version == wanted:
+        return replica.model, "kept"
+    values = _read_state(spec.run, partition, spec.epoch - 1, replica.initial) if spec.epoch > 0 else None
+    if values is not None:
+        _assign_optimizer(replica.model, values)
+        replica.version = wanted
+        return replica.model, "shared"
+    return replica.model, "new" if replica.version is None else "stale"
+
+
+def keep_optimizer_state(spec, partition: int) -> None:
+    """After ``partition``'s task of ``spec.epoch`` succeeded: note it, and leave the state for the executor."""
+    replica = _replica(spec)
+    replica.version = (partition, spec.epoch)
+    _write_state(spec.run, partition, spec.epoch, _optimizer_values(replica.model))
+
+
+_STATE_RUNS = 8  # fits whose optimizer states an executor keeps on disk (least recently written dropped)
+_STATE_WARNED = False
+
+
+def _state_root() -> str:
+    """The executor's files folder (removed with the application); a temporary folder outside Spark."""
+    import tempfile
+
+    try:
+        from pyspark import SparkFiles
+
+        if SparkFiles._is_running_on_worker:
+            return os.path.join(SparkFiles.getRootDirectory(), "elephant-optimizer-state")
+    except Exception:  # noqa: BLE001 - outside a Spark task: the fallback below
+        pass
+    return os.path.join(tempfile.gettempdir(), f"elephant-optimizer-state-{os.getuid()}")
+
+
+def _state_path(run: str, partition: int, epoch: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run)
+    return os.path.join(_state_root(), safe, f"{partition}-{epoch % 2}.safetensors")  # two epochs: a retry's
+
+
+def _write_state(run: str, partition: int, epoch: int, values: list[np.ndarray]) -> None:
+    global _STATE_WARNED
+    from safetensors.numpy import save_file
+
+    path = _state_path(run, partition, epoch)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.partial"
+        save_file({str(i): np.array(v, order="C") for i, v in enumerate(values)}, partial,
+                  metadata={"run": run, "partition": str(partition), "epoch": str(epoch)})
+        os.replace(partial, path)  # a reader sees a whole file or the previous one
+        _prune_states(os.path.dirname(path))
+    except OSError as exc:
+        if not _STATE_WARNED:
+            _STATE_WARNED = True
+            log.warning("could not leave the optimizer state for the executor's other Python workers (%s); a task "
+                        "that moves between them starts from an older state", exc)
+
+
+def _read_state(run: str, partition: int, epoch: int, like: list[np.ndarray]) -> list[np.ndarray] | None:
+    """``partition``'s optimizer state at the end of ``epoch`` of ``run``, if this executor holds it intact."""
+    from safetensors import safe_open
+
+    path = _state_path(run, partition, epoch)
+    try:
+        with safe_open(path, framework="np") as f:
+            meta = f.metadata() or {}
+            if meta != {"run": run, "partition": str(partition), "epoch": str(epoch)} or len(f.keys()) != len(like):
+                return None
+            values = [f.get_tensor(str(i)) for i in range(len(like))]
+    except Exception:  # noqa: BLE001 - missing, half-written by a crashed task, foreign: no state to read
+        return None
+    if any(v.shape != np.shape(w) or v.dtype != np.asarray(w).dtype for v, w in zip(values, like)):
+        return None
+    return values
+
+
+def _prune_states(current: str) -> None:
+    """Keep the ``_STATE_RUNS`` most recently written fits' folders (a notebook runs many fits in one application)."""
+    import shutil
+
+    root = os.path.dirname(current)
+    try:
+        folders = [os.path.join(root, name) for name in os.listdir(root)]
+        folders.sort(key=lambda p: os.path.getmtime(p), reverse=True)
+    except OSError:
+        return
+    for folder in folders[_STATE_RUNS:]:
+        if folder != current:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class WeightAccess:

@@ -31,7 +31,7 @@ from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey, merge_reply
-from elephant.replicas import limit_threads, training_model, weighted_metric_keys
+from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +259,10 @@ def run_partition(
     """Train one partition for one epoch; returns ``[stats]`` for the driver.
 
     ``stats`` holds the partition's local training loss and metrics (means over
-    its steps), ``samples``, ``steps``, ``commits``, timing figures and the
-    task's ``device`` (``"gpu:<ids>"`` or ``"cpu"``, :mod:`elephant.gpu`).
+    its steps), ``samples``, ``steps``, ``commits``, timing figures, the
+    task's ``device`` (``"gpu:<ids>"`` or ``"cpu"``, :mod:`elephant.gpu`) and
+    where its Keras optimizer state came from (``optimizer_state``, see
+    :func:`elephant.replicas.training_replica`).
     ``started_at`` and ``ended_at`` are the wall-clock (``time.time()``) bounds of
     the call, which the driver may compare with its own clock on one machine
     (``benchmarks/epoch_cost.py`` splits an epoch's job with them).
@@ -276,7 +278,7 @@ def run_partition(
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
     x, y, w = D.unpack(block)
-    model = training_model(spec)
+    model, optimizer_state = training_replica(spec, partition)
     if spec.learning_rate is not None:  # what callbacks set on the driver's model this epoch
         model.optimizer.learning_rate = spec.learning_rate
     t_ready = time.perf_counter()
@@ -288,6 +290,7 @@ def run_partition(
     finally:
         window.close()
         window.stepper.sync_to_model()  # the replica's optimizer state and metrics, for the next task and the stats
+    keep_optimizer_state(spec, partition)  # for this partition's next epoch, whichever Python worker runs it
     client.finish(spec.commit_run, spec.epoch, partition, attempt)
     return [
         dict(
@@ -295,6 +298,7 @@ def run_partition(
             steps=window.step,
             commits=window.commits,
             diverged_at=window.diverged_at,
+            optimizer_state=optimizer_state,
             logs=logs,
             weight_sum=n if w is None else float(np.sum(w)),
             weighted_keys=weighted_metric_keys(model),

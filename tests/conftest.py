@@ -51,6 +51,17 @@ def spark_environment():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def optimizer_states_in_a_temporary_folder(tmp_path_factory):
+    """Tasks run in this process (unit tests) leave their optimizer states under the session's temporary folder."""
+    from elephant import replicas
+
+    root = str(tmp_path_factory.mktemp("optimizer-state"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replicas, "_state_root", lambda: root)
+        yield root
+
+
 def _ps_threads():
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("elephant-ps"))
 

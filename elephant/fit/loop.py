@@ -249,6 +249,12 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             logs = aggregate_logs(results)
             if epoch == initial_epoch:
                 log.info("the tasks ran on %s", task_devices(results))
+            states = {r["partition"]: r["optimizer_state"] for r in results if "optimizer_state" in r}
+            report.optimizer_states.append(states)
+            stale = sorted(p for p, source in states.items() if source == "stale")
+            if stale:
+                log.info("epoch %d: partitions %s trained from an older optimizer state than their last epoch's (their "
+                         "task moved to another executor)", epoch + 1, stale)
             plan = _recheck(plan, results, report)
             model.set_weights(store.center())
             if validate is not None and validates_after(epoch, args.validation_freq):

@@ -27,6 +27,9 @@ class FitReport:
         ps_urls: every shard's address, in shard order (empty: not started, or hosted).
         metrics: the store's counters at the end (``/metrics``).
         ledger: the applied ``(commit key, attempt)`` pairs, in order.
+        optimizer_states: per epoch, each partition's source of its worker's
+            Keras optimizer state (``"kept"``, ``"shared"``, ``"new"``,
+            ``"stale"``; :func:`elephant.replicas.training_replica`).
     """
 
     run: str = dataclasses.field(default_factory=new_run_id)
@@ -35,6 +38,7 @@ class FitReport:
     ps_urls: tuple[str, ...] = ()
     metrics: dict[str, Any] | None = None
     ledger: list | None = None
+    optimizer_states: list[dict[int, str]] = dataclasses.field(default_factory=list)
 
     @property
     def job_group(self) -> str:

@@ -59,3 +59,37 @@ def test_search_example_prints_trials_and_the_ensemble(spark, capsys, monkeypatc
     best = number(r"best single model (\d\.\d+)", out)
     ensemble = number(r"top-3 mean ensemble (\d\.\d+)", out)
     assert best >= 0.9 and ensemble >= 0.9
+
+
+# MLflow's SQLAlchemy store, as in tests/unit/test_search_mlflow.py
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+@pytest.mark.filterwarnings("ignore:The number of trials is too small to compute importances")  # 4-6 trials here
+def test_pruned_sweep_example_continues_when_run_again_and_logs_each_trial_to_mlflow(spark, capsys, monkeypatch,
+                                                                                     tmp_path):
+    import mlflow
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    folder = str(tmp_path / "sweep")
+    out = run_example("sweep_pruned_mlflow", ["--dir", folder, "--evals", "4", "--epochs", "3"], capsys, monkeypatch)
+    assert number(r"val accuracy (\d\.\d+)", out) >= 0.8
+    journal = JournalStorage(JournalFileBackend(f"{folder}/sweep.journal"))
+    first = {t.number: t.datetime_start for t in optuna.load_study(study_name=None, storage=journal).trials}
+    assert len(first) == 4
+
+    run_example("sweep_pruned_mlflow", ["--dir", folder, "--evals", "6", "--epochs", "3"], capsys, monkeypatch)
+    trials = optuna.load_study(study_name=None, storage=journal).trials
+    assert len(trials) == 6 and {t.number: t.datetime_start for t in trials[:4]} == first  # none run again
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"} and "COMPLETE" in {t.state.name for t in trials}
+    for kind in ("history", "intermediate", "timeline", "importances"):
+        assert (tmp_path / "sweep" / f"{kind}.png").stat().st_size > 1000
+
+    client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    experiment = client.get_experiment_by_name("digits-sweep")
+    runs = client.search_runs([experiment.experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 6 and len(runs) == 7  # one parent for both calls
+    state = {str(t.number): t.state.name for t in trials}
+    for run in children:  # per-epoch metrics: 3 epochs when complete, 1 when pruned at ASHA's first rung
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy"))
+        assert steps == ([1, 2, 3] if state[run.data.tags["elephant.trial"]] == "COMPLETE" else [1]), steps

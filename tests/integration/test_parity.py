@@ -104,3 +104,26 @@ def test_a_megabyte_model_trains_like_plain_keras_in_two_epochs(spark, wide_task
         assert choice["window"] is None and choice["per_pass"]
     decisions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("window decision")]
     assert decisions and "MB of weights" in decisions[0] and "ms per commit" in decisions[0]
+
+
+def test_one_worker_trains_as_model_fit_while_its_epochs_move_between_python_workers(spark, digits):
+    """Spark gives a task to the Python worker idle longest: a one-task epoch alternates between them.
+
+    The worker's Adam moments must follow the partition (elephant.replicas.training_replica):
+    with a fresh or an older state every other epoch, the weights drift away from ``model.fit``'s.
+    """
+    import numpy as np
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:640], y_train[:640]
+    spark.sparkContext.parallelize(range(4), 4).count()  # at least two Python workers idle from here on
+    order = np.random.default_rng(0).permutation(len(x))  # the fit's one shuffle of the rows (data.split_numpy)
+    reference = digits_model(lr=1e-2)
+    reference.fit(x[order], y[order], epochs=4, batch_size=32, shuffle=False, verbose=0)
+    sm = SparkModel(digits_model(lr=1e-2), num_workers=1, frequency="epoch", spark=spark)
+    sm.fit(x, y, epochs=4, batch_size=32, shuffle=False, verbose=0)
+    sources = [states[0] for states in sm.last_report.optimizer_states]
+    assert sources[0] == "new" and set(sources[1:]) <= {"kept", "shared"}, sources
+    assert "shared" in sources, sources  # the epochs did move between processes (else this checks nothing)
+    for got, want in zip(sm.model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -157,6 +157,81 @@ def test_a_fit_interleaved_with_another_on_its_replica_trains_as_if_alone(linear
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def _new_process():
+    """What a task sees in another Python worker of the executor: no replica cached yet."""
+    replicas._REPLICAS.clear()
+
+
+def _one_epoch(model_bytes, store, run, epoch, data, partition=0):
+    spec = dataclasses.replace(_spec(model_bytes, run, window=2, epoch=epoch), shuffle=False)
+    (stats,) = worker.run_partition(spec, partition, epoch, [data], RecordingClient(store))
+    return stats, replicas.training_model(spec)
+
+
+def test_a_partitions_next_epoch_in_another_python_worker_continues_its_optimizer_state(linear_data):
+    model = _adam_model(5)
+    model_bytes = model_to_bytes(model)
+    same, moved = _store(model, "same-process"), _store(model, "moved")
+    for epoch in range(3):
+        _one_epoch(model_bytes, same, "same-process", epoch, linear_data)
+    sources = []
+    for epoch in range(3):  # every epoch in a new process, as when tasks alternate between idle Python workers
+        _new_process()
+        stats, replica = _one_epoch(model_bytes, moved, "moved", epoch, linear_data)
+        sources.append(stats["optimizer_state"])
+    assert sources == ["new", "shared", "shared"]
+    assert int(replica.optimizer.iterations.numpy()) == 3 * 4  # Adam's step count went on: no restart
+    for got, want in zip(moved.center(), same.center(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_without_the_executors_copy_a_moved_task_restarts_its_moments(linear_data, tmp_path, monkeypatch):
+    model = _adam_model(5)
+    model_bytes = model_to_bytes(model)
+    store = _store(model, "no-copy")
+    _one_epoch(model_bytes, store, "no-copy", 0, linear_data)
+    monkeypatch.setattr(replicas, "_state_root", lambda: str(tmp_path / "elsewhere"))  # another executor's folder
+    _new_process()
+    stats, replica = _one_epoch(model_bytes, store, "no-copy", 1, linear_data)
+    assert stats["optimizer_state"] == "new" and int(replica.optimizer.iterations.numpy()) == 4
+
+
+def test_a_retried_epoch_reads_the_state_before_it_and_a_foreign_partition_is_stale(linear_data):
+    model = _adam_model(6)
+    model_bytes = model_to_bytes(model)
+    store = _store(model, "retry")
+    _one_epoch(model_bytes, store, "retry", 0, linear_data)
+    after_0 = [np.array(v) for v in replicas.training_model(_spec(model_bytes, "retry", 2)).optimizer.variables]
+    _one_epoch(model_bytes, store, "retry", 1, linear_data)  # succeeded, then its epoch was rolled back
+    _new_process()
+    spec = dataclasses.replace(_spec(model_bytes, "retry", window=2, epoch=1), shuffle=False)
+    replica, source = replicas.training_replica(spec, 0)
+    assert source == "shared"  # epoch 0's state, which the retry of epoch 1 starts from
+    for got, want in zip(replica.optimizer.variables, after_0, strict=True):
+        np.testing.assert_array_equal(np.array(got), want)
+    # this process now holds partition 0's state; partition 1 of epoch 1 has none of its own left anywhere
+    assert replicas.training_replica(spec, 1)[1] == "stale"
+
+
+def test_a_damaged_or_foreign_state_file_is_not_read(linear_data):
+    import shutil
+
+    model = _adam_model(7)
+    model_bytes = model_to_bytes(model)
+    _one_epoch(model_bytes, _store(model, "whole"), "whole", 0, linear_data)
+    _new_process()
+    spec = dataclasses.replace(_spec(model_bytes, "foreign", window=2, epoch=1), shuffle=False)
+    os.makedirs(os.path.dirname(replicas._state_path("foreign", 0, 0)), exist_ok=True)
+    shutil.copy(replicas._state_path("whole", 0, 0), replicas._state_path("foreign", 0, 0))  # another fit's
+    assert replicas.training_replica(spec, 0)[1] == "new"
+    path = replicas._state_path("whole", 0, 0)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)  # a task killed while writing (os.replace makes this unlikely)
+    _new_process()
+    spec = dataclasses.replace(_spec(model_bytes, "whole", window=2, epoch=1), shuffle=False)
+    assert replicas.training_replica(spec, 0)[1] == "new"
+
+
 def test_empty_partition_only_finishes(linear_data):
     model = tiny_model()
     model_bytes = model_to_bytes(model)
