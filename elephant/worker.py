@@ -64,6 +64,7 @@ class TaskSpec:
     backend: str = ""  # the driver's Keras backend, which the task's Keras must run ("": the process's own, unchecked)
     ps_urls: tuple[str, ...] = ()  # every shard's url, in the plan's order (empty: one server, at ``ps_url``)
     shard_plan: dict[str, list] | None = None  # the ShardPlan's as_data() when ``ps_urls`` holds several
+    last_epoch: bool = False  # the fit's last: no next epoch to leave the optimizer state for
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -290,7 +291,7 @@ def run_partition(
     finally:
         window.close()
         window.stepper.sync_to_model()  # the replica's optimizer state and metrics, for the next task and the stats
-    keep_optimizer_state(spec, partition)  # for this partition's next epoch, whichever Python worker runs it
+    keep_optimizer_state(spec, partition, share=not spec.last_epoch)  # for the partition's next epoch, anywhere
     client.finish(spec.commit_run, spec.epoch, partition, attempt)
     return [
         dict(

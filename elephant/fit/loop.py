@@ -233,7 +233,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
-                learning_rate=rate, ps_run=store.run, backend=backend, **sharded,
+                learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):

@@ -213,6 +213,16 @@ def test_a_retried_epoch_reads_the_state_before_it_and_a_foreign_partition_is_st
     assert replicas.training_replica(spec, 1)[1] == "stale"
 
 
+def test_the_fits_last_epoch_leaves_no_state_behind(linear_data):
+    model = _adam_model(8)
+    model_bytes = model_to_bytes(model)
+    spec = dataclasses.replace(_spec(model_bytes, "last", window=2, epoch=0), shuffle=False, last_epoch=True)
+    (stats,) = worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(_store(model, "last")))
+    assert stats["steps"] == 4 and not os.path.exists(replicas._state_path("last", 0, 0))
+    follow = dataclasses.replace(spec, epoch=1, last_epoch=False)
+    assert replicas.training_replica(follow, 0)[1] == "kept"  # this process still knows what it holds
+
+
 def test_a_damaged_or_foreign_state_file_is_not_read(linear_data):
     import shutil
 
