@@ -1,6 +1,6 @@
 """A discrete-event model of K workers and S parameter-server shards, calibrated on ps_scale's figures.
 
-Issue "The parameter server past one process", part (d). The model:
+What ps_scale's figures say about K = 64-512 workers on 10 and 25 Gb/s. The model:
 
 * **Workers.** Each of K workers computes for a window of T seconds (optionally jittered),
   spends its client CPU (serialization, plus encoding when the commit is compressed), then
@@ -146,7 +146,7 @@ def nic_seconds_per_window(workers: int, model_bytes: float, gbit: float, c: flo
 
 
 def nic_bound_both(workers: int, model_bytes: float, gbit: float, c: float = 1.0) -> float:
-    """The issue's form: K·P·2/c bytes per window through one host, in seconds at B (half-duplex reading)."""
+    """The hub bound: K·P·2/c bytes per window through one host, in seconds at B (half-duplex reading)."""
     return 2.0 * nic_seconds_per_window(workers, model_bytes, gbit, c)
 
 
@@ -171,7 +171,7 @@ def bounds(cfg: "Config", cal: Calibration) -> dict:
     return {
         "nic_in_s_per_window": nic_in,
         "nic_out_s_per_window": nic_out,
-        "issue_bound_2KP_over_cB_s": nic_bound_both(K, P * host_share, cfg.gbit, c),
+        "hub_bound_2KP_over_cB_s": nic_bound_both(K, P * host_share, cfg.gbit, c),
         "shard_cpu_s_per_window": cpu,
         "worker_nic_s_per_commit": worker_nic,
         "binding": ["nic_in", "nic_out", "shard_cpu"][[nic_in, nic_out, cpu].index(busiest)],
@@ -479,7 +479,7 @@ def run_grid(configs, cal, windows, warmup) -> list[dict]:
 
 
 def target(rows: list[dict], cal: Calibration) -> dict:
-    """The issue's target: >= 90 % at K = 512, P = 40 MB, T = 2 s, 10 Gb/s."""
+    """The scale goal: >= 90 % at K = 512, P = 40 MB, T = 2 s, 10 Gb/s."""
     sel = [r for r in rows if r["workers"] == 512 and abs(r["model_mb"] - 40) < 1e-9 and r["gbit"] == 10.0]
     met = [r for r in sel if r["efficiency"] >= 0.9]
     best = {}
@@ -494,7 +494,7 @@ def target(rows: list[dict], cal: Calibration) -> dict:
     for codec, c in CODECS.items():
         one_host[codec] = {
             "per_direction_s": round(nic_seconds_per_window(512, 40 * MB, 10.0, c), 3),
-            "issue_2KP_over_cB_s": round(nic_bound_both(512, 40 * MB, 10.0, c), 3),
+            "hub_2KP_over_cB_s": round(nic_bound_both(512, 40 * MB, 10.0, c), 3),
             "replies_uncompressed_out_s": round(nic_seconds_per_window(512, 40 * MB, 10.0, 1.0), 3),
             "fits_in_T": nic_bound_both(512, 40 * MB, 10.0, c) <= 2.0,
         }
