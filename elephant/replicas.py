@@ -269,7 +269,7 @@ def _write_state(run: str, partition: int, epoch: int, values: list[np.ndarray])
                   metadata={"run": run, "partition": str(partition), "epoch": str(epoch)})
         os.replace(partial, path)  # a reader sees a whole file or the previous one
         _prune_states(os.path.dirname(path))
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - best effort: a full or read-only disk must not fail the task
         if not _STATE_WARNED:
             _STATE_WARNED = True
             log.warning("could not leave the optimizer state for the executor's other Python workers (%s); a task "

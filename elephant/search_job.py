@@ -33,7 +33,8 @@ class FitJob:
     the fit also stops at its next epoch edge. :meth:`report` is called at each
     epoch end (by the fit's last callback, or by a stub objective): once the
     search's pruner says stop, ``pruned_at`` holds the epoch and the fit ends
-    there; the fit's last epoch is reported with ``final=True`` and never pruned. ``backup_dir``, set by the search, is where the trial's epoch
+    there; the fit's last epoch is reported with ``final=True`` and never
+    pruned. ``backup_dir``, set by the search, is where the trial's epoch
     backups go (None: no backups).
     """
 
@@ -44,7 +45,7 @@ class FitJob:
         self.sm = None
         self.pruned_at: int | None = None
         self.backup_dir: str | None = None
-        self._report: Callable[[int, Mapping[str, Any]], bool] | None = None
+        self._report: Callable[[int, Mapping[str, Any], bool], bool] | None = None
 
     def bind(self, report: Callable[[int, Mapping[str, Any], bool], bool]) -> None:
         """Send epoch ends to ``report(epoch, logs, final)``, which answers whether the trial is pruned."""
