@@ -259,7 +259,8 @@ def main() -> None:
                 by_arm[arm]["accuracy_delta_pp"] = 100 * (by_arm[arm]["best_val_accuracy"]
                                                           - theirs["best_val_accuracy"])
         if same is not None:
-            by_arm["elephant asha"]["same_points_as_sparktrials"] = by_arm["elephant asha"]["points"] == theirs["points"]
+            ours = by_arm["elephant asha"]
+            ours["same_points_as_sparktrials"] = ours["points"] == theirs["points"]
         rows += [by_arm[arm] for arm in order if arm in ARMS] + [by_arm[arm] for arm in order if arm not in ARMS]
     load_after = os.getloadavg()
     spark.stop()
@@ -278,8 +279,9 @@ def main() -> None:
         summary[arm] = {"median_time_ratio": float(np.median([r["time_ratio"] for r in mine])),
                         "median_accuracy_delta_pp": float(np.median([r["accuracy_delta_pp"] for r in mine])),
                         "worst_accuracy_delta_pp": float(min(r["accuracy_delta_pp"] for r in mine))}
-        print(f"{arm}: median time ratio {summary[arm]['median_time_ratio']:.2f}, accuracy delta median "
-              f"{summary[arm]['median_accuracy_delta_pp']:+.2f} pp, worst {summary[arm]['worst_accuracy_delta_pp']:+.2f}")
+        figures = summary[arm]
+        print(f"{arm}: median time ratio {figures['median_time_ratio']:.2f}, accuracy delta median "
+              f"{figures['median_accuracy_delta_pp']:+.2f} pp, worst {figures['worst_accuracy_delta_pp']:+.2f}")
 
     import hyperopt
     import optuna
@@ -333,7 +335,8 @@ def _plot(rows, path: str, task: str) -> None:
         curves = np.array([_step(r["curve"], grid) for r in rows if r["arm"] == arm])
         with np.errstate(all="ignore"), __import__("warnings").catch_warnings():
             __import__("warnings").simplefilter("ignore", RuntimeWarning)  # columns before any trial ended: all NaN
-            median = np.where(np.isnan(curves).any(axis=0), np.nan, np.median(curves, axis=0))  # once every seed has one
+            # the median once every seed has a result
+            median = np.where(np.isnan(curves).any(axis=0), np.nan, np.median(curves, axis=0))
             low, high = np.nanmin(curves, axis=0), np.nanmax(curves, axis=0)
         ends = sorted(r["seconds"] for r in rows if r["arm"] == arm)
         right.plot(grid, median, color=colors[arm], label=f"{arm}: median over {len(curves)} seeds")
