@@ -95,26 +95,37 @@ class SearchResult:
     def to_pandas(self):
         return self.trials.to_pandas()
 
-    def plot(self, kind: str = "history", path: str | os.PathLike | None = None, **kwargs):
-        """Draw the study with ``optuna.visualization.matplotlib``; the matplotlib Figure.
+    def plot(self, kind: str = "history", path: str | os.PathLike | None = None, backend: str = "matplotlib",
+             **kwargs):
+        """Draw the study with Optuna's plots; the matplotlib Figure (or the plotly one).
 
         Args:
             kind: ``"history"`` (best value over trials), ``"intermediate"``
                 (the metric at each epoch), ``"importances"``, ``"parallel"``
                 (parallel coordinates), ``"slice"``, ``"contour"`` or
                 ``"timeline"`` (default ``"history"``).
-            path: where to save the figure as an image (PNG by its suffix);
-                default None (not saved).
+            path: where to save the figure (default None: not saved). With
+                matplotlib an image by its suffix (PNG for ``.png``); with
+                plotly an interactive page for ``.html``, else an image
+                through plotly's ``write_image`` (which needs kaleido).
+            backend: ``"matplotlib"`` (default: ``optuna.visualization.matplotlib``,
+                works on a headless driver) or ``"plotly"`` (``optuna.visualization``,
+                interactive in a notebook).
             **kwargs: given to the Optuna function (e.g. ``params=["lr"]``).
 
         Raises:
-            ConfigError: an unknown ``kind``, or a result without a study.
-            ImportError: matplotlib is not installed (``pip install 'elephant[plots]'``).
+            ConfigError: an unknown ``kind`` or ``backend``, or a result without a study.
+            ImportError: matplotlib (``pip install 'elephant[plots]'``) or
+                plotly (``pip install plotly``) is not installed.
         """
         if kind not in PLOTS:
             raise ConfigError(f"`kind` must be one of {list(PLOTS)}; received kind={kind!r}")
+        if backend not in ("matplotlib", "plotly"):
+            raise ConfigError(f"`backend` must be 'matplotlib' or 'plotly'; received backend={backend!r}")
         if self.study is None:
             raise ConfigError("this SearchResult has no study to plot; results of minimize() have one")
+        if backend == "plotly":
+            return self._plotly(kind, path, **kwargs)
         try:
             import matplotlib  # noqa: F401  (on a headless driver its default backend draws to files)
         except ImportError as exc:
@@ -130,4 +141,20 @@ class SearchResult:
         figure = axes.figure
         if path is not None:
             figure.savefig(os.fspath(path), bbox_inches="tight")
+        return figure
+
+    def _plotly(self, kind: str, path: str | os.PathLike | None, **kwargs):
+        try:
+            import plotly  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(f"plot({kind!r}, backend='plotly') needs plotly: pip install plotly") from exc
+        from optuna import visualization
+
+        figure = getattr(visualization, PLOTS[kind])(self.study, **kwargs)
+        if path is not None:
+            target = os.fspath(path)
+            if target.lower().endswith((".html", ".htm")):
+                figure.write_html(target)
+            else:
+                figure.write_image(target)
         return figure

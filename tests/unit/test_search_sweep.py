@@ -347,6 +347,15 @@ def test_plots_write_png(swept, tmp_path, kind):
         plt.close(figure)
 
 
+@pytest.mark.parametrize("kind", ["history", "intermediate", "timeline"])
+def test_plotly_figures_are_written_as_interactive_pages(swept, tmp_path, kind):
+    pytest.importorskip("plotly")
+    figure = swept.plot(kind, path=tmp_path / f"{kind}.html", backend="plotly")
+    page = (tmp_path / f"{kind}.html").read_text()
+    assert "plotly" in page.lower() and figure.data  # a figure with traces, saved as a page
+    assert type(figure).__module__.startswith("plotly")
+
+
 def test_plot_errors(swept, monkeypatch):
     import sys
 
@@ -356,6 +365,11 @@ def test_plot_errors(swept, monkeypatch):
         swept.plot("pie")
     with pytest.raises(ConfigError, match="this SearchResult has no study to plot"):
         SearchResult([], "loss", "min", 0.0).plot()
+    with pytest.raises(ConfigError, match=r"`backend` must be 'matplotlib' or 'plotly'; received backend='bokeh'"):
+        swept.plot("history", backend="bokeh")
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    with pytest.raises(ImportError, match=r"plot\('slice', backend='plotly'\) needs plotly: pip install plotly"):
+        swept.plot("slice", backend="plotly")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"plot\('history'\) needs matplotlib: pip install 'elephant\[plots\]'"):
         swept.plot("history")
