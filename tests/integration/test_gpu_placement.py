@@ -6,7 +6,8 @@ probe jobs of two concurrent tasks in the Python workers the fit started.
 What Spark does (observed with PySpark 4.3): it assigns the addresses per
 task, in task order, and hands a task whichever idle Python worker comes
 first, whatever GPU that worker's earlier task had. So a reused worker is
-given the other GPU (in the runs made while writing this, in most rounds),
+given the other GPU (in the runs made while writing this, in most rounds;
+under load in fewer, so the probes go on past 4 rounds, up to 12, until one is),
 and elephant refuses that task instead of letting it run on the GPU its
 framework already started on. Hence the documented layout: one GPU per
 executor, or ``spark.python.worker.reuse=false``.
@@ -50,7 +51,7 @@ def test_a_fit_on_fake_gpus_places_each_task_on_its_own_gpu(cluster):
 @pytest.mark.timeout(480)
 def test_reused_workers_keep_their_gpu_and_refuse_a_task_given_the_other(cluster):
     rounds = cluster["rounds"]
-    assert len(rounds) == 4
+    assert 4 <= len(rounds) <= 12  # 4, and more (up to 12) until Spark hands a reused worker the other GPU
     bound = {}  # pid -> the device id its CUDA_VISIBLE_DEVICES holds
     refused = 0
     for tasks in rounds:
@@ -73,4 +74,4 @@ def test_reused_workers_keep_their_gpu_and_refuse_a_task_given_the_other(cluster
     assert len(bound) == 2, f"the probes ran in {len(bound)} Python workers, not the fit's 2 reused ones"
     assert sorted(bound.values()) == ["0", "1"]
     # What Spark does: a reused Python worker is handed a task with the other GPU.
-    assert refused > 0, "Spark gave every reused worker its own GPU again in all 4 rounds"
+    assert refused > 0, f"Spark gave every reused worker its own GPU again in all {len(rounds)} rounds"
