@@ -52,6 +52,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+
+def shown(path: str) -> str:
+    """A path as the results show it: relative to the checkout or to site-packages, never the machine's."""
+    if path.startswith(ROOT):
+        return os.path.relpath(path, ROOT)
+    if "site-packages" in path:
+        return path[path.index("site-packages"):]
+    if "/lib/python" in path:  # the standard library
+        return path[path.index("/lib/python") + len("/lib/"):]
+    if "/elephant/" in path:  # another checkout's package (--base)
+        return path[path.index("/elephant/") + 1:]
+    return os.path.basename(path.rstrip(os.sep)) or path
 RESULTS = os.path.join(HERE, "results")
 PARTS = ("before job", "launch", "worker", "return", "after job", "validation", "callbacks", "to next")
 WORKER_PARTS = ("setup", "pull", "train", "commit")
@@ -211,7 +224,7 @@ def profile_fit(spark, data, workers: int, epochs: int, batch_size: int, top: in
     stats = pstats.Stats(profiler)
     rows = []
     for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():
-        rows.append({"function": f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}({name})",
+        rows.append({"function": f"{shown(path)}:{line}({name})",
                      "calls": calls, "tottime": tottime, "cumtime": cumtime})
     rows.sort(key=lambda r: -r["cumtime"])
     return rows[:top]
@@ -227,7 +240,7 @@ def child(args) -> dict:
     spark.sparkContext.setLogLevel("ERROR")
     data = digits_split()
     timed_fit(spark, data, 2, 2, args.batch_size)  # warm-up: both Python workers, the replicas, the driver's traces
-    out = {"elephant": os.path.dirname(os.path.dirname(elephant.__file__)), "load_at_start": os.getloadavg(),
+    out = {"elephant": shown(os.path.dirname(os.path.dirname(elephant.__file__))), "load_at_start": os.getloadavg(),
            "keras_epochs": plain_keras(data, args.epochs, args.batch_size), "fits": []}
     for i, workers in enumerate(args.workers):  # each fit at its own learning rate, as the trials of a sweep
         out["fits"].append(timed_fit(spark, data, workers, args.epochs, args.batch_size, lr=1e-3 * (2 + i)))
@@ -318,7 +331,7 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nload average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} cpus)")
     meta = {"epochs": args.epochs, "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
-            "checkouts": checkouts, "load_average_before": load_before, "load_average_after": load_after,
+            "checkouts": {label: shown(path) for label, path in checkouts.items()}, "load_average_before": load_before, "load_average_after": load_after,
             "cpus": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "note": "a shared machine: other processes ran during the measurements, so times are noisy"}
     os.makedirs(RESULTS, exist_ok=True)
