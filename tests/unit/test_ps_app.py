@@ -262,3 +262,45 @@ def test_never_debug_and_settings_validated():
         create_app(store, "")
     with pytest.raises(ConfigError, match="`max_body_bytes` must be a positive int; received max_body_bytes=0"):
         create_app(store, TOKEN, 0)
+
+
+# ------------------------------------------------------------------ the binary routes, outside Flask's machinery
+@pytest.mark.parametrize("method, path, allow", [("get", "/commit", "POST"), ("put", "/commit", "POST"),
+                                                 ("post", "/weights?worker=0", "GET")])
+def test_another_method_on_a_binary_route_is_405(method, path, allow):
+    store, client = make()
+    response = getattr(client, method)(path, data=b"x", headers=AUTH)
+    assert response.status_code == 405 and response.headers["Allow"] == allow
+    assert response.get_json()["type"] == "MethodNotAllowed"
+    assert store.metrics()["pulls"] == 0 and store.clock == 0
+
+
+def test_a_binary_route_compares_the_token_in_constant_time(monkeypatch):
+    calls = []
+    real = app_module.hmac.compare_digest
+    monkeypatch.setattr(app_module.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    _, client = make()
+    assert client.post("/commit", data=commit_body(), headers=AUTH).status_code == 200
+    assert client.get("/weights?worker=0", headers={"Authorization": "Bearer nope"}).status_code == 401
+    expected = AUTH["Authorization"].encode()
+    assert calls == [(expected, expected), (b"Bearer nope", expected)]
+
+
+@pytest.mark.parametrize("query, status", [("worker=1&worker=9", 200), ("worker=9&worker=1", 400),
+                                           ("worker=%C2%B2", 400), ("worker=1&epoch=", 400)])
+def test_a_repeated_query_parameter_counts_its_first_value_and_odd_digits_are_400(query, status):
+    _, client = make()
+    response = client.get(f"/weights?{query}", headers=AUTH)
+    assert response.status_code == status, response.data
+
+
+
+
+def test_an_unexpected_failure_is_a_logged_500_naming_the_exception(monkeypatch, caplog):
+    store, client = make()
+    monkeypatch.setattr(store, "pull", lambda worker, epoch=None: {}["missing"])
+    with caplog.at_level("ERROR", logger="elephant.ps.app"):
+        response = client.get("/weights?worker=0", headers=AUTH)
+    assert response.status_code == 500
+    assert response.get_json() == {"error": "KeyError: 'missing'", "type": "InternalServerError"}
+    assert "parameter server failed on GET /weights" in caplog.text and "KeyError" in caplog.text

@@ -456,3 +456,46 @@ def test_a_pinned_port_range_takes_the_first_free_port():
     with pytest.raises(ConfigError, match=r"`spark.elephant.ps.ports` must be a port or a range .* received '80-70'"):
         parse_ports("80-70")
     assert parse_ports(None) == [0] and parse_ports("0") == [0] and parse_ports("5-7") == [5, 6, 7]
+
+
+# ------------------------------------------------------------------ request heads parsed once
+def _raw_status(port, request):
+    """Status of the first response to ``request`` and whether the server then closed the connection."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    try:
+        s.sendall(request)
+        reader = s.makefile("rb")
+        status = _statuses(reader, 1)[0]
+        s.settimeout(0.5)
+        try:
+            closed = reader.read(1) == b""
+        except (TimeoutError, socket.timeout):
+            closed = False
+        return status, closed
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("version, connection, closed", [
+    (b"HTTP/1.1", b"", False), (b"HTTP/1.1", b"Connection: close\r\n", True),
+    (b"HTTP/1.0", b"", True), (b"HTTP/1.0", b"Connection: keep-alive\r\n", False),
+])
+def test_a_plain_head_keeps_http_servers_connection_rules(version, connection, closed):
+    _, app = make_app()
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    with PSServer(app, threads=2) as server:
+        request = b"GET /weights?worker=0 " + version + b"\r\nHost: x\r\n" + auth + connection + b"\r\n"
+        assert _raw_status(server.port, request) == (b"200", closed)
+
+
+def test_a_head_that_is_not_plain_goes_to_http_servers_parser():
+    extra = b"X-Folded: first\r\n continued\r\n"  # obsolete line folding: http.server's parser takes it
+    store, app = make_app()
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    with PSServer(app, threads=2) as server:
+        body = _commit_body(0)
+        request = (b"POST /commit HTTP/1.1\r\nHost: x\r\n" + extra + auth
+                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert _raw_status(server.port, request)[0] == b"200"
+    assert store.clock == 1
