@@ -87,18 +87,24 @@ class WeightedSum:
     def add(self, item: Sequence[np.ndarray], weight: float) -> None:
         if weight == 0:
             return
-        if self._sums is None:
-            self._sums = [np.zeros(x.shape, dtype=np.float64) for x in item]
-            self._dtypes = [x.dtype for x in item]
-        for acc, x in zip(self._sums, item, strict=True):
-            acc += np.multiply(x, weight, dtype=np.float64)
+        if self._sums is None:  # the first item is the sum: x·w in float64, as 0 + x·w would be
+            arrays = [np.asarray(x) for x in item]
+            # (an explicit out: a 0-d input would give a scalar, which += would not update in place)
+            self._sums = [np.multiply(x, weight, out=np.empty(x.shape, np.float64), dtype=np.float64) for x in arrays]
+            self._dtypes = [x.dtype for x in arrays]
+        else:
+            for acc, x in zip(self._sums, item, strict=True):
+                acc += np.multiply(x, weight, dtype=np.float64)
         self.total += float(weight)
 
     def mean(self) -> Weights:
-        """The weighted mean so far; needs a positive total weight."""
+        """The weighted mean so far, cast to each array's dtype; needs a positive total weight."""
         if self._sums is None or self.total <= 0:
             raise ValueError(f"weighted_mean needs a positive total weight; received a total of {self.total}")
-        return [(s / self.total).astype(dtype) for s, dtype in zip(self._sums, self._dtypes)]
+        # divided in float64 and cast while written, as (s / total).astype(dtype) but with no float64 temporary
+        return [np.divide(s, self.total, out=np.empty(s.shape, dtype), casting="same_kind")
+                if np.dtype(dtype).kind == "f" else (s / self.total).astype(dtype)
+                for s, dtype in zip(self._sums, self._dtypes)]
 
 
 def check_same_structure(expected: Sequence[np.ndarray], received: Sequence[np.ndarray], what: str = "weights") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from elephant.optimizers.base import DistributedOptimizer, register, tree_map
-from elephant.optimizers.outer import OuterMomentum
+from elephant.optimizers.outer import OuterMomentum, axpy, fusable, momentum_buffer
 
 
 #: The outer momentum of a fit that commits every ``window`` steps when ``outer_momentum`` is not
@@ -115,10 +115,20 @@ class DelayedNesterov(DistributedOptimizer):
 
     def apply(self, state, center, clock, worker, commit):
         alpha, beta, workers = self.outer.learning_rate, state["momentum"], state["workers"]
+        count, buffer = state["count"] + 1, state["buffer"]
+        if fusable(alpha, beta, center, commit.tensors, state["pending"], buffer):
+            # the same numbers as the expressions below, with fewer temporaries (see outer.fusable)
+            scaled = [np.divide(d, workers, out=np.empty_like(d)) for d in commit.tensors]
+            center = [axpy(c, alpha, d) for c, d in zip(center, scaled)]
+            pending = [np.add(a, d, out=d) for a, d in zip(state["pending"], scaled)]  # scaled is spent
+            if count == workers:
+                buffer = [momentum_buffer(beta, u, a) for u, a in zip(buffer, pending)]
+                center = [axpy(c, alpha * beta, u) for c, u in zip(center, buffer)]
+                pending, count = [np.zeros_like(a) for a in pending], 0
+            return center, None, {**state, "count": count, "buffer": buffer, "pending": pending}
         scaled = tree_map(lambda d: d / workers, commit.tensors)
         center = tree_map(lambda c, d: c + alpha * d, center, scaled)
         pending = tree_map(lambda a, d: a + d, state["pending"], scaled)
-        count, buffer = state["count"] + 1, state["buffer"]
         if count == workers:
             buffer = tree_map(lambda u, a: beta * u + a, buffer, pending)
             center = tree_map(lambda c, u: c + alpha * beta * u, center, buffer)

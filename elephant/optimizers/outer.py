@@ -81,13 +81,57 @@ class OuterMomentum:
         return {**state, "buffer": tree_map(lambda u: u * ratio, state["buffer"])}
 
     def step(self, state: Any, center: Weights, delta: Weights) -> tuple[Weights, Any]:
-        """``(new_center, new_state)`` after applying the mean delta ``delta``."""
+        """``(new_center, new_state)`` after applying the mean delta ``delta``.
+
+        Every array returned is new (the server's replies may still be sending
+        the old center). Where all arrays share one float dtype and ``α``, ``β``
+        are Python floats, each result is built in one fresh array by in-place
+        operations in the order the formula reads, so the numbers are the same
+        as the plain expressions' with two to three fewer temporaries per tensor.
+        """
         if state is None:
             return tree_map(lambda c, d: c + d, center, delta), None
         alpha, beta = self.learning_rate, state["momentum"]
+        if fusable(alpha, beta, center, delta, state["buffer"]):
+            buffer = [momentum_buffer(beta, u, d) for u, d in zip(state["buffer"], delta)]
+            if self.nesterov:
+                center = [_nesterov(c, alpha, beta, d, u) for c, d, u in zip(center, delta, buffer)]
+            else:
+                center = [axpy(c, alpha, u) for c, u in zip(center, buffer)]
+            return center, {"momentum": beta, "buffer": buffer}
         buffer = tree_map(lambda u, d: beta * u + d, state["buffer"], delta)
         if self.nesterov:
             center = tree_map(lambda c, d, u: c + alpha * (d + beta * u), center, delta, buffer)
         else:
             center = tree_map(lambda c, u: c + alpha * u, center, buffer)
         return center, {"momentum": beta, "buffer": buffer}
+
+
+def fusable(alpha: Any, beta: Any, *weights: Weights) -> bool:
+    """Whether the fused forms below give the plain expressions' numbers: Python-float factors
+    (a NumPy scalar would widen the plain expression) and one float dtype for every array."""
+    if not (type(alpha) is float and type(beta) is float):  # noqa: E721 (a NumPy float64 is a float subclass)
+        return False
+    dtypes = {a.dtype for arrays in weights for a in arrays}
+    return len(dtypes) == 1 and dtypes.pop().kind == "f" and all(
+        isinstance(a, np.ndarray) for arrays in weights for a in arrays)
+
+
+def momentum_buffer(beta: float, u: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``beta * u + d`` in one new array."""
+    out = np.multiply(u, beta, out=np.empty_like(u))  # (an explicit out: a 0-d input gives an array, not a scalar)
+    return np.add(out, d, out=out)
+
+
+def _nesterov(c: np.ndarray, alpha: float, beta: float, d: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``c + alpha * (d + beta * u)`` in one new array."""
+    out = np.multiply(u, beta, out=np.empty_like(u))
+    np.add(d, out, out=out)
+    np.multiply(out, alpha, out=out)
+    return np.add(c, out, out=out)
+
+
+def axpy(c: np.ndarray, alpha: float, u: np.ndarray) -> np.ndarray:
+    """``c + alpha * u`` in one new array."""
+    out = np.multiply(u, alpha, out=np.empty_like(u))
+    return np.add(c, out, out=out)

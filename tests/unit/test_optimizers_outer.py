@@ -206,3 +206,46 @@ def test_delayed_nesterov_runs_windowed_fits_without_outer_momentum(workers, win
 
 def test_a_given_outer_momentum_is_kept_with_windows():
     assert DelayedNesterov(outer_momentum=0.9).for_fit(object(), 4, True, 32).outer.momentum == 0.9
+
+
+# ----------------------------------------------------------------- fused forms: the same numbers
+def _server_trace(monkeypatch, fused):
+    """Centers and rule state of DelayedNesterov and averaging with momentum over a few commits and rounds."""
+    import elephant.optimizers.delayed_nesterov as dn_module
+    import elephant.optimizers.outer as outer_module
+
+    if not fused:
+        monkeypatch.setattr(outer_module, "fusable", lambda *args: False)
+        monkeypatch.setattr(dn_module, "fusable", lambda *args: False)
+    rng = np.random.default_rng(3)
+    center = [rng.normal(size=s).astype(np.float32) for s in [(40, 7), (13,), ()]]
+    out = []
+    for rule in [DelayedNesterov(outer_lr=0.7, outer_momentum=0.9), DelayedNesterov(), DelayedNesterov(outer_momentum=0.0)]:
+        state, c = rule.server_init(center, 3), center
+        for i in range(7):
+            delta = [np.float32(0.01 * (i + 1)) * np.sin(a + i) for a in center]
+            c, _, state = rule.apply(state, c, i, i % 3, Commit(delta, 1, 1, 0))
+        out.append([a.tobytes() for a in (*c, *state["buffer"], *state["pending"])] + [state["count"]])
+    for rule in [ModelAveraging(outer_momentum=0.75), ModelAveraging(outer_lr=0.7, outer_momentum=0.5, nesterov=False)]:
+        state, c = rule.server_init(center, 3), center
+        for r in range(4):
+            commits = {k: Commit([np.float32(0.02 * (k + 1 + r)) * np.cos(a * k) for a in center], 1, 5 + k, 0)
+                       for k in range(3)}
+            c, _, state = rule.apply_round(state, c, r, commits)
+        out.append([a.tobytes() for a in (*c, *state["buffer"])])
+    return out
+
+
+def test_the_fused_server_rules_give_the_plain_expressions_numbers(monkeypatch):
+    fused = _server_trace(monkeypatch, fused=True)
+    assert fused == _server_trace(monkeypatch, fused=False)
+
+
+def test_fusing_needs_python_float_factors_and_one_float_dtype():
+    from elephant.optimizers.outer import fusable
+
+    f32 = [np.ones(3, np.float32)]
+    assert fusable(0.5, 0.9, f32, f32)
+    assert not fusable(np.float64(0.5), 0.9, f32, f32)  # a NumPy scalar widens the plain expression to float64
+    assert not fusable(0.5, 0.9, f32, [np.ones(3, np.float64)])
+    assert not fusable(0.5, 0.9, [np.ones(3, np.int32)])
