@@ -16,9 +16,9 @@ measured to matter (docs/parameter_server.md):
   joined into one copy, and lingers up to 10 ms after each response), and
   reads the body from the socket after the head the gate read. A plain head
   (three-word request line, HTTP/1.0 or 1.1, one ``name: value`` per line)
-  is parsed here in one pass (:func:`parse_plain_head`) instead of through
-  the ``email`` package, which cost about a seventh of a small commit's
-  server CPU; anything else goes to ``http.server``'s own parser.
+  is parsed here in one pass (:func:`parse_plain_head`, about 0.006 ms)
+  instead of through the ``email`` package (about 0.034 ms, a twentieth of a
+  small commit's server CPU); anything else goes to ``http.server``'s own parser.
 
 Open connections are capped (``max_connections``; beyond it a new one is
 closed at once) and counted for the server's ``connections_*`` figures.
