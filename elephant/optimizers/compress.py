@@ -51,6 +51,11 @@ class Compressed(DistributedOptimizer):
     the asynchronous default's short-pass setting, error feedback never carries
     over); with ``norm_guard`` the store measures the encoded arrays, a proxy.
 
+    Shards: the rule is elementwise when its inner rule is; a sharded server's plan
+    cuts tensors only at the codec's block ends and splits the encoded layout
+    (:meth:`elephant.ps.shards.ShardPlan.split_commit`), so each shard decodes its
+    slice exactly as the whole commit would be decoded.
+
     Args:
         inner: the rule to compress: a name, a config dict or an instance.
             Default ``"delayednesterov"`` (the asynchronous default rule).
@@ -95,6 +100,7 @@ class Compressed(DistributedOptimizer):
         self.averaging_shortfall = inner.averaging_shortfall
         self.overlaps = inner.overlaps
         self.streams_rounds = inner.streams_rounds
+        self.elementwise = inner.elementwise  # shards decode their slices (the plan cuts at block ends)
         self.window_from_costs = inner.window_from_costs
         self.window = inner.window
         self.staleness_bound = inner.staleness_bound

@@ -30,7 +30,9 @@ and sends every request to all ``S`` shards' clients in parallel:
 Which rules shard correctly: a rule whose server step treats every element on
 its own (``DistributedOptimizer.elementwise``) gives, on slices, the bytes it
 gives on the whole tensors. Every registered rule is elementwise (checked by
-``tests/unit/test_ps_shards.py`` against one store, byte for byte). Not
+``tests/unit/test_ps_shards.py`` against one store, byte for byte), ``Compressed``
+as its inner rule is: its plan cuts at the codec's block ends and splits the
+encoded layout (:meth:`~elephant.ps.shards.ShardPlan.split_commit`). Not
 separable, and refused by :func:`check_shardable`:
 
 * the store's ``norm_guard``: it compares a commit's L2 norm over *all* its
@@ -249,7 +251,7 @@ class ShardedClient:
         key = CommitKey(*key)
         what = commit_what(key, attempt)
         try:
-            parts = self._plan.split(commit.tensors)
+            parts = self._plan.split_commit(commit.tensors)
         except DataError as exc:
             raise PSError(f"{what} rejected by {self.address}: {exc}") from None
         bases = self._base_clocks(commit.base_clock)

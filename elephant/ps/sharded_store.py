@@ -267,7 +267,9 @@ def make_store(center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mo
     if shards == 1:
         return Store(center, optimizer, mode, num_workers, run, round_timeout=round_timeout, state=state,
                      norm_guard=norm_guard)
-    plan = plan_shards(center, shards)
+    from elephant.optimizers.compress import Compressed
+
+    plan = plan_shards(center, shards, codec=optimizer.codec if isinstance(optimizer, Compressed) else None)
     stores = shard_stores(center, plan, optimizer, mode, num_workers, run, round_timeout=round_timeout,
                           norm_guard=norm_guard, states=state)
     logger.info("sharded parameter server of run %s: %d shards of %s bytes", run, shards, plan.shard_bytes())

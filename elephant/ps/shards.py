@@ -82,11 +82,15 @@ class ShardPlan:
         shapes: every tensor's shape, in weight-list order.
         dtypes: every tensor's dtype.
         shards: per shard, its pieces in ``(tensor, first row)`` order.
+        codec: the :class:`~elephant.optimizers.codecs.Codec` of a rule that compresses its
+            commits (:class:`~elephant.optimizers.Compressed`), whose encoded layouts
+            :meth:`split_commit` cuts; None (default) for plain commits.
     """
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[np.dtype, ...]
     shards: tuple[tuple[Piece, ...], ...]
+    codec: Any = None  # the Codec of compressed commits (their encoded layout is split), or None
 
     @property
     def num_shards(self) -> int:
@@ -122,6 +126,51 @@ class ShardPlan:
         return [[arrays[p.tensor] if p.rows is None else arrays[p.tensor][p.rows[0]:p.rows[1]] for p in pieces]
                 for pieces in self.shards]
 
+    def split_commit(self, tensors: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
+        """A commit's tensors cut as :meth:`split` cuts weights: plain ones by :meth:`split`; with a
+        :attr:`codec`, the encoded layout (every tensor's codes, then every tensor's side array).
+
+        Each shard gets its pieces' codes (row ranges of a cut tensor's codes), then their side
+        arrays: a whole tensor's as it is; for a piece of a cut tensor, the int8 scales of its
+        blocks (the plan cut it at block boundaries, see :func:`plan_shards`), or the one
+        scale of a tensor with ``block=None``, or the empty side of bf16 and of tensors sent
+        raw. So each shard decodes its slice to the same numbers the whole commit decodes to.
+
+        Raises:
+            DataError: ``tensors`` do not match the plan (or its layout).
+        """
+        if self.codec is None:
+            return self.split(tensors)
+        count = len(self.shapes)
+        if len(tensors) != 2 * count:
+            raise DataError(f"split: a compressed commit of {count} tensors has {2 * count} arrays (codes, then "
+                            f"scales); received {len(tensors)}")
+        codes, sides = [np.asarray(t) for t in tensors[:count]], [np.asarray(t) for t in tensors[count:]]
+        for i, (c, shape) in enumerate(zip(codes, self.shapes)):
+            if c.shape != shape:
+                raise DataError(f"split: tensor {i}'s codes: expected shape {list(shape)}, received {list(c.shape)}")
+        block = self.codec.block
+        out = []
+        for pieces in self.shards:
+            data, side = [], []
+            for p in pieces:
+                if p.rows is None:
+                    data.append(codes[p.tensor])
+                    side.append(sides[p.tensor])
+                    continue
+                data.append(codes[p.tensor][p.rows[0]:p.rows[1]])
+                if block is None or sides[p.tensor].size == 0:  # one scale, or none: every piece carries it
+                    side.append(sides[p.tensor])
+                    continue
+                row = math.prod(self.shapes[p.tensor][1:])
+                start, stop = p.rows[0] * row, p.rows[1] * row
+                if start % block:
+                    raise DataError(f"split: tensor {p.tensor} is cut at row {p.rows[0]}, inside a block of "
+                                    f"{block}: the plan was not made for this codec")
+                side.append(sides[p.tensor][start // block: -(-stop // block)])
+            out.append(data + side)
+        return out
+
     def join(self, parts: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
         """The weight list that :meth:`split` cut into ``parts``: the exact inverse, byte for byte.
 
@@ -152,9 +201,12 @@ class ShardPlan:
 
     def as_data(self) -> dict[str, list]:
         """The plan as plain lists, ints and dtype names (small, picklable, JSON-able); :meth:`from_data` inverts it."""
-        return {"shapes": [list(shape) for shape in self.shapes], "dtypes": [d.str for d in self.dtypes],
+        data = {"shapes": [list(shape) for shape in self.shapes], "dtypes": [d.str for d in self.dtypes],
                 "shards": [[[p.tensor] if p.rows is None else [p.tensor, *p.rows] for p in pieces]
                            for pieces in self.shards]}
+        if self.codec is not None:
+            data["codec"] = [self.codec.name, self.codec.block]
+        return data
 
     @classmethod
     def from_data(cls, data: Any) -> ShardPlan:
@@ -168,12 +220,13 @@ class ShardPlan:
             dtypes = tuple(np.dtype(d) for d in data["dtypes"])
             shards = tuple(tuple(Piece(int(p[0]), None if len(p) == 1 else (int(p[1]), int(p[2]))) for p in pieces)
                            for pieces in data["shards"])
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            codec = _codec(*data["codec"]) if data.get("codec") is not None else None
+        except (KeyError, TypeError, ValueError, IndexError, ConfigError) as exc:
             raise ConfigError(f"`data` must be a shard plan's as_data(); received {data!r:.200}") from exc
         if len(shapes) != len(dtypes) or not shards:
             raise ConfigError(f"`data` must be a shard plan's as_data(); received {len(shapes)} shapes, "
                               f"{len(dtypes)} dtypes and {len(shards)} shards")
-        return cls(shapes=shapes, dtypes=dtypes, shards=shards)
+        return cls(shapes=shapes, dtypes=dtypes, shards=shards, codec=codec)
 
     def piece_shape(self, piece: Piece) -> tuple[int, ...]:
         """The shape of one piece."""
@@ -202,7 +255,22 @@ def _check_shards(shards: Any) -> int:
     return int(shards)
 
 
-def plan_shards(tensors: Sequence[Any], shards: int) -> ShardPlan:
+def _codec(name: str, block: int | None) -> Any:
+    from elephant.optimizers.codecs import Codec
+
+    return Codec(name, block)
+
+
+def _row_step(shape: tuple[int, ...], dtype: np.dtype, codec: Any) -> int:
+    """Rows a cut must be a multiple of: 1, or for int8 blocks the rows that end a block (``row · r % block == 0``)."""
+    block = getattr(codec, "block", None)
+    if block is None or dtype.kind != "f":  # no scales per block, or a tensor sent raw
+        return 1
+    row = math.prod(shape[1:])
+    return block // math.gcd(block, row) if row else 1
+
+
+def plan_shards(tensors: Sequence[Any], shards: int, codec: Any = None) -> ShardPlan:
     """Assign a model's tensors to ``shards`` shards, largest first onto the least-loaded one.
 
     A tensor of more than ``total / shards`` bytes (with at least two rows) is
@@ -217,6 +285,11 @@ def plan_shards(tensors: Sequence[Any], shards: int) -> ShardPlan:
         tensors: the model's weights in ``get_weights()`` order: arrays (or
             anything with ``shape`` and ``dtype``), or ``(shape, dtype)`` pairs.
         shards: the number of shards ``S`` >= 1.
+        codec: the :class:`~elephant.optimizers.codecs.Codec` of a rule that compresses
+            its commits, or None (default). With int8 blocks, a float tensor is cut only
+            where a block ends (so each piece's scales are whole blocks of the tensor's),
+            into at most as many ranges as such cuts allow; the plan keeps the codec
+            (:attr:`ShardPlan.codec`) to split the encoded commits.
 
     Returns:
         The :class:`ShardPlan`.
@@ -240,8 +313,17 @@ def plan_shards(tensors: Sequence[Any], shards: int) -> ShardPlan:
             pieces.append((size, Piece(i)))
             continue
         row_bytes = size // rows
-        bounds = [k * rows // count for k in range(count + 1)]
-        bounds = [rows - b for b in reversed(bounds)]  # longer ranges first
+        step = _row_step(shape, dtype, codec)
+        if step == 1:
+            bounds = [k * rows // count for k in range(count + 1)]
+            bounds = [rows - b for b in reversed(bounds)]  # longer ranges first
+        else:  # cuts at multiples of `step` rows, counted from row 0
+            units = -(-rows // step)
+            count = min(count, units)
+            if count == 1:
+                pieces.append((size, Piece(i)))
+                continue
+            bounds = [min(rows, (k * units // count) * step) for k in range(count + 1)]
         pieces.extend(((stop - start) * row_bytes, Piece(i, (start, stop))) for start, stop in zip(bounds, bounds[1:]))
     if len(pieces) < shards:
         raise ConfigError(f"{len(specs)} tensors of {total} bytes in all make only {len(pieces)} pieces, so some of "
@@ -253,7 +335,8 @@ def plan_shards(tensors: Sequence[Any], shards: int) -> ShardPlan:
         held[s].append(piece)
         heapq.heappush(heap, (load + size, count + 1, s))
     plan = ShardPlan(shapes=tuple(shape for shape, _ in specs), dtypes=tuple(dtype for _, dtype in specs),
-                     shards=tuple(tuple(sorted(h, key=lambda p: (p.tensor, p.rows or (0, 0)))) for h in held))
+                     shards=tuple(tuple(sorted(h, key=lambda p: (p.tensor, p.rows or (0, 0)))) for h in held),
+                     codec=codec)
     logger.debug("planned %d tensors (%d bytes, %d pieces) over %d shards: %s bytes per shard", len(specs), total,
                  len(pieces), shards, plan.shard_bytes())
     return plan

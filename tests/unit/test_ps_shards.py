@@ -49,17 +49,15 @@ CASES = [pytest.param(name, kwargs, mode, workers, id=f"{name}{k}-{mode}-K{worke
          for mode in get(name).modes for workers in ((2, 3) if mode == "synchronous" else (3,))]
 
 
-#: Registered rules a sharded server refuses: compressed commits carry per-block scales that a
-#: split along a tensor's first axis would separate from their codes.
-NOT_SHARDABLE = {"compressed"}
+#: Registered rules with a conformance test of their own: compressed commits are encoded layouts
+#: (test_compressed_commits_through_shards_give_one_store_s_bytes below).
+OWN_TEST = {"compressed"}
 
 
 def test_the_table_covers_every_registered_rule_and_each_is_elementwise():
-    assert sorted(SHARD_TABLE) == sorted(set(registered_names()) - NOT_SHARDABLE)
+    assert sorted(SHARD_TABLE) == sorted(set(registered_names()) - OWN_TEST)
     assert all(get(name).elementwise for name in SHARD_TABLE)
-    for name in NOT_SHARDABLE:
-        with pytest.raises(ConfigError, match="not declared elementwise"):
-            check_shardable(get(name))
+    assert get("compressed").elementwise  # as its inner rule
 
 
 def payload(seed, center):
@@ -138,6 +136,83 @@ def test_sharded_stores_give_one_store_s_bytes(name, kwargs, mode, workers):
         assert clocks == [clock] * shards
         assert seen_s == seen  # every reply: clock, center and rule tensors, byte for byte
         assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(center_s, center))
+
+
+# --------------------------------------------------------------- compressed commits
+COMPRESSED = [
+    pytest.param("delayednesterov", "asynchronous", "int8", 8, id="delayednesterov-int8-block8"),
+    pytest.param("downpour", "asynchronous", "int8", None, id="downpour-int8-one-scale"),
+    pytest.param("modelaveraging", "synchronous", "int8", 8, id="modelaveraging-int8-block8"),
+    pytest.param("modelaveraging", "synchronous", "bf16", None, id="modelaveraging-bf16"),
+]
+
+
+def _serve_compressed(inner, mode, codec, block, shards):
+    """``serve`` for ``Compressed(inner)``: each worker encodes its payloads with error feedback, as a task does."""
+    from elephant.optimizers import Compressed
+
+    optimizer, center, workers = Compressed(inner, codec, block), initial_center(), 3
+    if shards is None:
+        stores, plan = [Store(center, optimizer, mode, workers, RUN, round_timeout=20)], None
+        client_for = lambda: InProcessClient(stores[0])  # noqa: E731
+    else:
+        plan = plan_shards(center, shards, codec=optimizer.codec)
+        stores = shard_stores(center, plan, optimizer, mode, workers, RUN, round_timeout=20)
+        client_for = lambda: ShardedClient([InProcessClient(s) for s in stores], plan)  # noqa: E731
+    states = {w: optimizer.worker_init(center) for w in range(workers)}
+
+    def encoded(w, tensors):
+        layout, states[w] = optimizer.make_commit(states[w], [c + t for c, t in zip(center, tensors)], center, 1)
+        return layout
+
+    seen = []
+    if mode == "synchronous":
+        clients = [client_for() for _ in range(workers)]
+        for step in range(3):
+            with ThreadPoolExecutor(workers) as pool:
+                replies = list(pool.map(lambda w: clients[w].commit(CommitKey(RUN, 0, w, step), 1, Commit(
+                    encoded(w, payload(10 * w + step, center)), 2, 4 + w, step)), range(workers)))
+            seen.extend(_bytes(r) for r in replies)
+    else:
+        clients = [client_for() for _ in range(workers)]
+        base = {w: clients[w].pull(w, epoch=0).clock for w in range(workers)}
+        for n, w in enumerate([0, 1, 2, 2, 1, 0, 1, 2]):
+            reply = clients[w].commit(CommitKey(RUN, 0, w, n), 1, Commit(encoded(w, payload(n, center)), 1, 1, base[w]))
+            base[w] = reply.clock
+            seen.append(_bytes(reply))
+    for client in clients:
+        client.close()
+    final = stores[0].center() if plan is None else plan.join([s.center() for s in stores])
+    return seen, final
+
+
+@pytest.mark.parametrize("inner, mode, codec, block", COMPRESSED)
+def test_compressed_commits_through_shards_give_one_store_s_bytes(inner, mode, codec, block):
+    seen, center = _serve_compressed(inner, mode, codec, block, None)
+    for shards in (2, 3):
+        plan = plan_shards(initial_center(), shards, codec=get("compressed", inner=inner, codec=codec,
+                                                                 block=block).codec)
+        assert any(p.rows is not None for pieces in plan.shards for p in pieces)  # a tensor is cut
+        seen_s, center_s = _serve_compressed(inner, mode, codec, block, shards)
+        assert seen_s == seen
+        assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(center_s, center))
+
+
+def test_a_plan_for_int8_blocks_cuts_only_where_a_block_ends():
+    from elephant.optimizers.codecs import Codec
+
+    tensors = [np.zeros((90, 12), np.float32), np.zeros((40, 3), np.float32), np.zeros((7,), np.float32)]
+    for block in (8, 64, 256):
+        plan = plan_shards(tensors, 4, codec=Codec("int8", block))
+        for pieces in plan.shards:
+            for p in pieces:
+                if p.rows is not None:
+                    assert p.rows[0] * 12 % block == 0 or p.tensor != 0
+                    assert p.rows[0] * 3 % block == 0 or p.tensor != 1
+        assert plan.codec == Codec("int8", block)
+        assert type(plan).from_data(plan.as_data()) == plan
+    # without a codec (or with bf16, which has no blocks) the cuts are the plain plan's
+    assert plan_shards(tensors, 4, codec=Codec("bf16")).shards == plan_shards(tensors, 4).shards
 
 
 # --------------------------------------------------------------- partial commits
