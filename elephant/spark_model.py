@@ -80,7 +80,8 @@ class SparkModel:
         custom_objects: custom layers/losses needed to rebuild the model on workers.
         read_timeout: seconds a worker waits for a parameter-server reply
             (default 600: a synchronous commit waits for the whole round).
-        seed: seed of the shuffle that splits numpy data into shards (default 0).
+        seed: seed of the shuffle that splits numpy data into shards and of the
+            workers' per-epoch shuffles (default 0; None: new shuffles every fit).
         batch_split: whether ``fit(batch_size=B)`` is the global batch, each of
             ``K`` workers training batches of ``ceil(B / K)`` (as Keras'
             distribution strategies read ``batch_size``), or every worker's

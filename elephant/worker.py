@@ -65,6 +65,7 @@ class TaskSpec:
     ps_urls: tuple[str, ...] = ()  # every shard's url, in the plan's order (empty: one server, at ``ps_url``)
     shard_plan: dict[str, list] | None = None  # the ShardPlan's as_data() when ``ps_urls`` holds several
     last_epoch: bool = False  # the fit's last: no next epoch to leave the optimizer state for
+    shuffle_key: str = ""  # what seeds the partitions' shuffles with the epoch ("": ``run``, new every fit)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -217,9 +218,15 @@ def inject_fault(fault: str, partition: int, step: int) -> None:
     raise RuntimeError(f"injected fault in partition {partition} at step {step}")
 
 
-def shuffle_seed(run: str, epoch: int, partition: int) -> int:
-    """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``)."""
-    return zlib.crc32(f"{run}/{epoch}/{partition}".encode())
+def shuffle_seed(key: str, epoch: int, partition: int) -> int:
+    """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``).
+
+    ``key`` is the fit's ``TaskSpec.shuffle_key``: its ``SparkModel(seed=)``
+    with the fingerprint of the weights it starts from, so that the same seed
+    and start replay the same samples in the same order, and a later fit of
+    the same model shuffles anew; or the run id, when the seed is None.
+    """
+    return zlib.crc32(f"{key}/{epoch}/{partition}".encode())
 
 
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
@@ -233,7 +240,7 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) 
     """
     n = D.num_samples(x)
     if spec.shuffle:  # seeded: a retried task replays the samples of the attempt it replaces, in order
-        order = np.random.default_rng(shuffle_seed(spec.run, spec.epoch, window.partition)).permutation(n)
+        order = np.random.default_rng(shuffle_seed(spec.shuffle_key or spec.run, spec.epoch, window.partition)).permutation(n)
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}

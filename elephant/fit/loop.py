@@ -129,6 +129,17 @@ def settable_learning_rate(local: Any) -> float | None:
     return float(np.asarray(keras.ops.convert_to_numpy(rate)))
 
 
+def _shuffle_key(seed: int | None, fingerprint: str) -> str:
+    """What seeds the workers' per-epoch shuffles: the fit's seed and the model it starts from.
+
+    The same seed from the same weights replays the same orders (a fit is as
+    reproducible as its rounds' timing allows); a later fit of the same model
+    starts from other weights and shuffles anew, as a second ``model.fit``
+    does. A seed of None leaves the shuffles to the run id, new at every fit.
+    """
+    return "" if seed is None else f"seed{seed}/{fingerprint}"
+
+
 def follow_learning_rate(local, previous: float | None, store) -> float | None:
     """The compiled optimizer's rate for this epoch; a change since the last one is passed to the rule.
 
@@ -200,6 +211,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                                                          shards)
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
+    shuffle_key = _shuffle_key(settings.seed, fingerprint)
     structure = replica_structure(model, custom_objects)
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
@@ -233,7 +245,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
-                learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1, **sharded,
+                learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
+                shuffle_key=shuffle_key, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):

@@ -424,6 +424,28 @@ def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
     assert worker.shuffle_seed("r", 0, 1) != worker.shuffle_seed("r", 0, 0) != worker.shuffle_seed("r", 1, 0)
 
 
+def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
+    """Two fits with the same seed from the same weights train the same orders; the run id no longer matters."""
+    from elephant.fit.loop import _shuffle_key
+
+    model = tiny_model()
+    model_bytes = model_to_bytes(model)
+
+    def center(run, key):
+        store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, run)
+        spec = dataclasses.replace(_spec(model_bytes, run, window=1), shuffle=True, shuffle_key=key)
+        worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
+        return store.center()
+
+    key = _shuffle_key(0, "fingerprint")
+    for a, b in zip(center("run-a", key), center("run-b", key), strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = center("run-a", _shuffle_key(1, "fingerprint"))
+    assert any((a != b).any() for a, b in zip(center("run-a", key), other, strict=True))
+    assert _shuffle_key(0, "fingerprint") != _shuffle_key(0, "other weights")  # a later fit shuffles anew
+    assert _shuffle_key(None, "fingerprint") == ""  # no seed: the run id, new every fit
+
+
 def _adam_at(seed, rate):
     keras.utils.set_random_seed(seed)
     m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
