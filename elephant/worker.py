@@ -222,7 +222,7 @@ def shuffle_seed(key: str, epoch: int, partition: int) -> int:
     """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``).
 
     ``key`` is the fit's ``TaskSpec.shuffle_key``: its ``SparkModel(seed=)``
-    with the fingerprint of the weights it starts from, so that the same seed
+    with a digest of the weights it starts from, so that the same seed
     and start replay the same samples in the same order, and a later fit of
     the same model shuffles anew; or the run id, when the seed is None.
     """

@@ -11,6 +11,7 @@ about itself goes into the caller's :class:`~elephant.fit.report.FitReport`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import secrets
@@ -129,15 +130,21 @@ def settable_learning_rate(local: Any) -> float | None:
     return float(np.asarray(keras.ops.convert_to_numpy(rate)))
 
 
-def _shuffle_key(seed: int | None, fingerprint: str) -> str:
-    """What seeds the workers' per-epoch shuffles: the fit's seed and the model it starts from.
+def _shuffle_key(seed: int | None, weights: list) -> str:
+    """What seeds the workers' per-epoch shuffles: the fit's seed and the weights it starts from.
 
-    The same seed from the same weights replays the same orders (a fit is as
-    reproducible as its rounds' timing allows); a later fit of the same model
+    The same seed from the same weights replays the same orders (a model built
+    again with the same seed included: layer names play no part), so a fit is
+    as reproducible as its rounds' timing allows; a later fit of the same model
     starts from other weights and shuffles anew, as a second ``model.fit``
     does. A seed of None leaves the shuffles to the run id, new at every fit.
     """
-    return "" if seed is None else f"seed{seed}/{fingerprint}"
+    if seed is None:
+        return ""
+    digest = hashlib.blake2b(digest_size=8)
+    for w in weights:
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return f"seed{seed}/{digest.hexdigest()}"
 
 
 def follow_learning_rate(local, previous: float | None, store) -> float | None:
@@ -211,7 +218,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                                                          shards)
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
-    shuffle_key = _shuffle_key(settings.seed, fingerprint)
+    shuffle_key = _shuffle_key(settings.seed, model.get_weights())
     structure = replica_structure(model, custom_objects)
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:

@@ -437,13 +437,15 @@ def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
         worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
         return store.center()
 
-    key = _shuffle_key(0, "fingerprint")
+    key = _shuffle_key(0, model.get_weights())
     for a, b in zip(center("run-a", key), center("run-b", key), strict=True):
         np.testing.assert_array_equal(a, b)
-    other = center("run-a", _shuffle_key(1, "fingerprint"))
+    other = center("run-a", _shuffle_key(1, model.get_weights()))
     assert any((a != b).any() for a, b in zip(center("run-a", key), other, strict=True))
-    assert _shuffle_key(0, "fingerprint") != _shuffle_key(0, "other weights")  # a later fit shuffles anew
-    assert _shuffle_key(None, "fingerprint") == ""  # no seed: the run id, new every fit
+    assert _shuffle_key(0, tiny_model().get_weights()) == key  # built again, other layer names: the same orders
+    trained = [w + 1 for w in model.get_weights()]
+    assert _shuffle_key(0, trained) != key  # a later fit starts from other weights and shuffles anew
+    assert _shuffle_key(None, model.get_weights()) == ""  # no seed: the run id, new every fit
 
 
 def _adam_at(seed, rate):
