@@ -1,26 +1,32 @@
-"""A fit from a Spark Connect client: the parameter server is hosted by a task of each epoch.
+"""A fit from a Spark Connect client: the parameter server is hosted by the tasks of each epoch.
 
 Under Spark Connect the Python process that calls ``fit`` is a client with no
 SparkContext, and the executors usually cannot reach it, so the server cannot
 live there as it does in a classic session. Each epoch is instead one barrier
 ``mapInArrow`` stage over the training DataFrame, one task per worker, and the
-stage's task 0 serves the epoch:
+stage's first ``S`` tasks serve the epoch, task ``s`` the server's shard ``s``
+(``S = 1`` unless ``SparkModel(ps_shards=)`` asks for more, at most one per worker):
 
-1. the client's :class:`~elephant.ps.store.Store` holds the center, the rule's
-   state and the clock between epochs; the epoch's closure carries them (and
-   the model archive, the token and the rule) to the tasks;
-2. task 0 starts a store and a server from them on its executor's address,
-   and every task learns the address through ``BarrierTaskContext.allGather``;
-3. every task trains its partition against that server, as in a classic fit;
-4. once every partition has finished the epoch (task 0 waits for their
-   ``finish`` calls on its store), task 0 stops the server and returns the
-   store's :class:`~elephant.ps.store.Outcome`, which the client's store
-   absorbs; validation, callbacks and backups then run on the client.
+1. the client's store (a :class:`~elephant.ps.store.Store`, or a
+   :class:`~elephant.ps.sharded_store.ShardedStore` of ``S`` stores) holds the
+   center, the rule's state and the clock between epochs; the epoch's closure
+   carries each shard's (and the model archive, the token and the rule) to the tasks;
+2. each hosting task starts a store and a server over its shard on its
+   executor's address, and every task learns the addresses through
+   ``BarrierTaskContext.allGather``;
+3. every task trains its partition against those servers, as in a classic fit
+   (through a :class:`~elephant.ps.shard_client.ShardedClient` for ``S > 1``);
+4. once every partition has finished the epoch (each hosting task waits for
+   their ``finish`` calls on its store), the hosting tasks stop their servers
+   and return their stores' :class:`~elephant.ps.store.Outcome`, which the
+   client's store absorbs, shard by shard; validation, callbacks and backups
+   then run on the client.
 
-An epoch is a transaction by construction: a failed stage leaves the client's
-store at the epoch's start, and the epoch is trained again as a failed
-synchronous epoch is (``SparkModel(epoch_retries=)``). Every mode runs as a
-barrier stage, since the server lives only as long as the stage's tasks.
+An epoch is a transaction by construction: a failed stage (a hosting task's
+executor lost included) leaves the client's store at the epoch's start, and the
+epoch is trained again as a failed synchronous epoch is
+(``SparkModel(epoch_retries=)``). Every mode runs as a barrier stage, since the
+server lives only as long as the stage's tasks.
 """
 
 from __future__ import annotations
@@ -156,23 +162,23 @@ class HostedRun:
         gpu.check_request(self._conf, self._conf.get("spark.master") or "", backend,
                           {} if preallocate is None else {"XLA_PYTHON_CLIENT_PREALLOCATE": preallocate})
 
-    #: The parameter server lives in a task of each epoch (one shard: ``ps_shards > 1`` is refused).
+    #: The parameter server lives in the tasks of each epoch (its shards in the first ``ps_shards`` of them).
     hosted = True
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
-        """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the server's url."""
+        """Tag the fit's jobs; the tasks get the archive itself (no broadcasts) and learn the servers' urls."""
         from elephant.ps.app import max_body_bytes
 
         self._tag = job_group
         self.spark.addTag(self._tag)
-        self._max_body = max_body_bytes(store.template)
+        self._max_bodies = [max_body_bytes(shard.template) for shard in _shards(store)]
         return model_bytes, ()
 
     def job(self, store, barrier: bool):
-        """One try of an epoch: the hosted stage, whose outcome the client's store absorbs."""
+        """One try of an epoch: the hosted stage, whose shards' outcomes the client's store absorbs."""
         def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
-            results, outcome = self._epoch_job(store, spec)
-            store.absorb(outcome)
+            results, outcomes = self._epoch_job(store, spec)
+            store.absorb(outcomes if len(outcomes) > 1 else outcomes[0])
             return results
 
         return job
@@ -185,9 +191,12 @@ class HostedRun:
     def _epoch_job(self, store, spec: TaskSpec):
         settings, blocks = self.settings, self._blocks
         start = store.snapshot()
-        hosting = _Hosting(center=start.center, state=start.state, clock=start.clock, num_workers=self.num_workers,
-                           round_timeout=settings.read_timeout, norm_guard=settings.norm_guard, max_body=self._max_body,
-                           ports=session.parse_ports(self._conf[session.PS_PORTS_KEY]))
+        shots = getattr(start, "shards", (start,))  # a ShardedSnapshot holds every shard's
+        shards = tuple(_ShardStart(center=shot.center, state=shot.state, clock=shot.clock, optimizer=shard.optimizer,
+                                   max_body=limit)
+                       for shot, shard, limit in zip(shots, _shards(store), self._max_bodies, strict=True))
+        hosting = _Hosting(shards=shards, num_workers=self.num_workers, round_timeout=settings.read_timeout,
+                           norm_guard=settings.norm_guard, ports=session.parse_ports(self._conf[session.PS_PORTS_KEY]))
 
         def task(batches):
             import pyarrow as pa
@@ -197,8 +206,8 @@ class HostedRun:
 
         rows = self.df.mapInArrow(task, "result binary", barrier=True).collect()
         results = [decode_result(row[0], type(spec.optimizer).__module__) for row in rows]
-        outcome = next(r[1] for r in results if r[1] is not None)
-        return [stats for r in results for stats in r[0]], outcome
+        served = dict(r[1] for r in results if r[1] is not None)
+        return [stats for r in results for stats in r[0]], [served[index] for index in range(len(shards))]
 
     def cancel(self) -> None:
         if self._tag is not None:
@@ -222,51 +231,66 @@ def _block_stream(read, class_weight):
     return blocks
 
 
+def _shards(store) -> tuple:
+    """The stores of the client's parameter server, one per shard (one: an unsharded :class:`Store`)."""
+    return tuple(getattr(store, "shards", (store,)))
+
+
 @dataclasses.dataclass(frozen=True)
-class _Hosting:
-    """What task 0 needs to serve an epoch: the store's start and the server's settings."""
+class _ShardStart:
+    """Where one shard's store starts an epoch: its slice of the center, its rule and the rule's state."""
 
     center: list
     state: Any
     clock: int
+    optimizer: Any
+    max_body: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hosting:
+    """What the hosting tasks need to serve an epoch: each shard's start (task ``s`` hosts shard ``s``)."""
+
+    shards: tuple
     num_workers: int
     round_timeout: float
     norm_guard: float | None
-    max_body: int
     ports: list
 
 
 def _train_hosted(spec: TaskSpec, hosting: _Hosting, blocks) -> tuple[list, Any]:
-    """One barrier task of a hosted epoch: ``(the partition's stats, the store's Outcome or None)``."""
+    """One barrier task of a hosted epoch: ``(the partition's stats, (shard, its store's Outcome) or None)``."""
     from pyspark import BarrierTaskContext
 
     from elephant import worker
     from elephant.ps.app import create_app
-    from elephant.ps.client import PSClient
     from elephant.ps.server import start_server
+    from elephant.ps.shard_client import connect_shards
     from elephant.ps.store import Store
 
     ctx = BarrierTaskContext.get()
     partition, server, store = ctx.partitionId(), None, None
+    count = len(hosting.shards)
     try:
-        if partition == 0:
-            store = Store(hosting.center, spec.optimizer, spec.mode, hosting.num_workers, spec.commit_run,
-                          round_timeout=hosting.round_timeout, state=hosting.state, norm_guard=hosting.norm_guard,
-                          clock=hosting.clock)
-            app = create_app(store, spec.token, max_body_bytes=hosting.max_body)
-            host = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
+        if partition < count:
+            start = hosting.shards[partition]
+            store = Store(start.center, start.optimizer, spec.mode, hosting.num_workers, spec.commit_run,
+                          round_timeout=hosting.round_timeout, state=start.state, norm_guard=hosting.norm_guard,
+                          clock=start.clock)
+            app = create_app(store, spec.token, max_body_bytes=start.max_body)
+            host = ctx.getTaskInfos()[partition].address.rsplit(":", 1)[0]
             server = start_server(app, host, hosting.ports, 2 * hosting.num_workers + 4,
                                   ports_from=session.PS_PORTS_KEY)
-        url = ctx.allGather(server.url if server is not None else "")[0]
-        here = dataclasses.replace(spec, ps_url=url)
-        with PSClient(url, spec.token, read_timeout=spec.read_timeout) as client:
+        urls = tuple(ctx.allGather(server.url if server is not None else "")[:count])
+        here = dataclasses.replace(spec, ps_url=urls[0], ps_urls=urls if count > 1 else ())
+        with connect_shards(here.shard_urls, spec.token, spec.shard_plan, read_timeout=spec.read_timeout) as client:
             stats = worker.run_partition(here, partition, ctx.taskAttemptId(), blocks, client, ctx.cpus())
         if store is None:
             return stats, None
         # Every partition has finished: the store holds the whole epoch. (Waiting on the store, not
         # with ctx.barrier(), which costs about a second per call.)
         store.wait_finished(spec.epoch)
-        return stats, store.outcome()
+        return stats, (partition, store.outcome())
     finally:
         if server is not None:
             server.stop()
@@ -279,17 +303,21 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a value of type {type(value).__name__}")
 
 
-def encode_result(stats: list[dict], outcome) -> bytes:
-    """A task's stats and (task 0's) store outcome as bytes: a JSON header, then the arrays. No pickle."""
+def encode_result(stats: list[dict], served) -> bytes:
+    """A task's stats and (a hosting task's) ``(shard, store outcome)`` as bytes: a JSON header, then the arrays.
+
+    No pickle: the client reads what the tasks send without running any of it.
+    """
     header: dict[str, Any] = {"stats": stats, "outcome": None}
     arrays: list[np.ndarray] = []
-    if outcome is not None:
+    if served is not None:
+        shard, outcome = served
         structure, state_arrays = checkpoint.encode_state(outcome.state)
         header["outcome"] = {
             "clock": outcome.clock, "counts": outcome.counts, "state": structure,
             "staleness": [[int(k), v] for k, v in outcome.staleness.items()],
             "ledger": [[list(key), attempt] for key, attempt in outcome.ledger],
-            "center": len(outcome.center),
+            "center": len(outcome.center), "shard": shard,
         }
         arrays = list(outcome.center) + state_arrays
     text = json.dumps(header, default=_plain).encode()
@@ -297,7 +325,7 @@ def encode_result(stats: list[dict], outcome) -> bytes:
 
 
 def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
-    """``(stats, Outcome or None)`` of :func:`encode_result`."""
+    """``(stats, (shard, Outcome) or None)`` of :func:`encode_result`."""
     from elephant.ps.store import Outcome
     from elephant.protocol import CommitKey
 
@@ -313,4 +341,4 @@ def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
         clock=found["clock"], ledger=[(CommitKey(*key), attempt) for key, attempt in found["ledger"]],
         counts=found["counts"], staleness={k: v for k, v in found["staleness"]},
     )
-    return header["stats"], outcome
+    return header["stats"], (found["shard"], outcome)

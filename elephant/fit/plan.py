@@ -308,12 +308,13 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
     (``DistributedOptimizer.adapts_window``) when ``frequency`` is not given,
     and the estimate of the seconds between a worker's commits that the
     number of parameter-server shards is decided from. ``hosted``: the server
-    lives in a Spark task (Spark Connect), which serves one shard.
+    lives in the workers' tasks (Spark Connect), one shard in each of the first ``S``.
 
     Raises:
-        ConfigError: ``ps_shards > 1`` where the server cannot be sharded.
+        ConfigError: ``ps_shards > 1`` where the server cannot be sharded, or more
+            shards than workers where they host them.
     """
-    check_requested_shards(settings, hosted)
+    check_requested_shards(settings, num_workers if hosted else None)
     window, split = settings.window, settings.splits_batch
     per_worker = worker_batch_size(batch_size, num_workers, split)
     params, nbytes = model_size(model)
@@ -327,8 +328,8 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         window = choice.window
     steps = window or steps_per_pass
     interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0
-    blocked = shard_blocker(settings, hosted)
-    shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked),
+    blocked = shard_blocker(settings)
+    shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked, hosted),
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,

@@ -4,8 +4,9 @@
 :func:`elephant.ps.shards.choose_shards` over the model's bytes, the workers
 and the estimated seconds between a worker's commits); :func:`shard_blocker`
 names what keeps a fit on one shard (``norm_guard``, a rule that is not
-elementwise, a server hosted by a Spark Connect task), and
-:func:`check_requested_shards` refuses an explicit ``ps_shards > 1`` there.
+elementwise), and :func:`check_requested_shards` refuses an explicit
+``ps_shards > 1`` there, and more shards than workers where the workers' tasks
+host them (a Spark Connect fit).
 :func:`elephant.fit.plan.plan_fit` records the outcome as a :class:`ShardChoice`.
 """
 
@@ -20,13 +21,8 @@ from elephant.errors import ConfigError
 __all__ = ["ShardChoice", "check_requested_shards", "decide_shards", "shard_blocker"]
 
 
-def shard_blocker(settings: Settings, hosted: bool = False) -> str | None:
-    """Why the fit's parameter server cannot be sharded (None: it can).
-
-    ``hosted``: the server lives in a Spark task (a Spark Connect fit), which serves one shard for now.
-    """
-    if hosted:
-        return "a Spark Connect fit hosts its parameter server in a task, which serves one shard for now"
+def shard_blocker(settings: Settings) -> str | None:
+    """Why the fit's parameter server cannot be sharded (None: it can)."""
     if settings.norm_guard is not None:
         return f"norm_guard={settings.norm_guard:g} judges a commit's norm over all its tensors"
     if not settings.optimizer.elementwise:
@@ -34,17 +30,20 @@ def shard_blocker(settings: Settings, hosted: bool = False) -> str | None:
     return None
 
 
-def check_requested_shards(settings: Settings, hosted: bool = False) -> None:
+def check_requested_shards(settings: Settings, hosted_by: int | None = None) -> None:
     """Refuse ``ps_shards > 1`` where the server cannot be sharded (see :func:`shard_blocker`).
+
+    ``hosted_by``: the number of workers whose tasks host the shards, one each (a
+    Spark Connect fit), or None where the driver hosts them.
 
     Raises:
         ConfigError: the reason, and the ``ps_shards`` received.
     """
     if settings.ps_shards is None or settings.ps_shards == 1:
         return
-    if hosted:
-        raise ConfigError(f"`ps_shards` must be 1 or None under Spark Connect ({shard_blocker(settings, True)}); "
-                          f"received ps_shards={settings.ps_shards}")
+    if hosted_by is not None and settings.ps_shards > hosted_by:
+        raise ConfigError(f"`ps_shards` must be at most num_workers={hosted_by} under Spark Connect, where each "
+                          f"shard is served by one of an epoch's worker tasks; received ps_shards={settings.ps_shards}")
     from elephant.ps.shard_client import check_shardable
 
     try:
@@ -54,11 +53,12 @@ def check_requested_shards(settings: Settings, hosted: bool = False) -> None:
 
 
 def decide_shards(requested: int | None, model_bytes: int, num_workers: int, commit_interval: float,
-                  blocked: str | None = None) -> int:
+                  blocked: str | None = None, hosted: bool = False) -> int:
     """How many parameter-server shards serve a fit: ``requested`` (``SparkModel(ps_shards=)``) wins;
     else 1 where ``blocked`` says why shards cannot serve it; else
     :func:`~elephant.ps.shards.choose_shards` over the model's bytes, the workers and the seconds
-    between two commits of one worker (1 for small models). A request rate that one process
+    between two commits of one worker (1 for small models), at most one per worker where the
+    workers' tasks host them (``hosted``). A request rate that one process
     cannot serve is logged at INFO, not warned about: shards do not change it, and the
     window that sets it is the user's or the window decision's."""
     if requested is not None:
@@ -67,7 +67,8 @@ def decide_shards(requested: int | None, model_bytes: int, num_workers: int, com
         return 1
     from elephant.ps.shards import choose_shards
 
-    return choose_shards(model_bytes, num_workers, commit_interval, warn_requests=False)
+    chosen = choose_shards(model_bytes, num_workers, commit_interval, warn_requests=False)
+    return min(chosen, num_workers) if hosted else chosen
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ What the methods answer:
 
 * ``center()``, ``template``: the shards' centers joined by the plan (the full
   weight list);
+* ``absorb()``: every shard takes the outcome of an epoch served elsewhere;
 * ``snapshot()`` / ``rollback()``: every shard's, together; ``rollback``
   returns the commits undone on shard 0 (every commit reaches every shard);
 * ``snapshot().state``: the list of the shards' rule states, in shard order:
@@ -167,6 +168,19 @@ class ShardedStore:
         if len(set(undone)) > 1:
             logger.warning("rollback to run %s undid %s commits on the shards", run, undone)
         return undone[0]
+
+    def absorb(self, outcomes: Sequence[Any]) -> None:
+        """Go on from an epoch served elsewhere: each shard's store absorbs its :class:`~elephant.ps.store.Outcome`.
+
+        ``outcomes`` holds one outcome per shard, in shard order (a Spark Connect
+        fit's hosting tasks return them, :mod:`elephant.fit.connect`).
+
+        Raises:
+            ConfigError: not one outcome per shard (no shard has absorbed anything then).
+        """
+        outcomes = check_per_shard(self._plan, outcomes, "outcomes", "outcome")
+        for store, outcome in zip(self._stores, outcomes):
+            store.absorb(outcome)
 
     def wait_finished(self, epoch: int) -> None:
         """Block until every partition has finished ``epoch`` on every shard."""

@@ -6,7 +6,9 @@ to a cluster would be. It trains a small model with plain Keras, then asks
 elephant to predict on and evaluate a DataFrame through Connect (DataFrame APIs
 only: an Arrow UDF and ``mapInArrow``), and to train on it in both modes: each
 epoch a barrier ``mapInArrow`` stage whose first task hosts the parameter
-server. A fault in one epoch is rolled back and trained again; numpy input is
+server, or the first two tasks the two shards of a sharded one (byte-identical weights
+through one server and through two). A fault in one epoch is rolled back and trained
+again, also where the failed task hosted a shard; numpy input is
 refused at once, saying what to use instead. A second client runs a sweep over a
 DataFrame against the same server: concurrent trials, a pruned one, and a trial
 past its time limit interrupted through its tag.
@@ -34,7 +36,7 @@ BUDGET = 300.0
 pytestmark = pytest.mark.skipif(not START.exists(), reason=f"the pyspark wheel has no {START}")
 
 CLIENT = r'''
-import json, os, sys
+import hashlib, json, os, sys
 import numpy as np
 import keras
 import pyarrow as pa
@@ -81,12 +83,18 @@ def fit(mode, epochs=3, **kwargs):
     history = trainer.fit(df, epochs=epochs, batch_size=64, verbose=0, validation_data=(x[:300], y[:300]))
     return {"history": history.history, "accuracy": net.evaluate(x, y, verbose=0, return_dict=True)["accuracy"],
             "commits": trainer.last_metrics["commits_applied"], "ledger": len(trainer.last_ledger),
-            "rolled_back": trainer.last_metrics["epochs_rolled_back"], "plan": trainer.fit_plan["num_workers"]}
+            "rolled_back": trainer.last_metrics["epochs_rolled_back"], "plan": trainer.fit_plan["num_workers"],
+            "shards": trainer.fit_plan["ps_shards"],
+            "weights": hashlib.sha256(b"".join(w.tobytes() for w in net.get_weights())).hexdigest()}
 
 
 out["fits"] = {mode: fit(mode) for mode in ("synchronous", "asynchronous")}
+# one epoch (every replica starts afresh) through one server and through two shards, each in a worker's task
+out["sharded"] = {shards: fit("synchronous", epochs=1, frequency=4, ps_shards=shards) for shards in (1, 2)}
 os.environ["ELEPHANT_FAULT"] = f"partition=1,step=2,kind=raise,marker={sys.argv[2]}"  # once: the epoch is trained again
 out["fault_once"] = fit("synchronous", epochs=2)
+os.environ["ELEPHANT_FAULT"] = f"partition=1,step=2,kind=raise,marker={sys.argv[2]}-sharded"  # shard 1's host fails
+out["fault_sharded"] = fit("asynchronous", epochs=2, ps_shards=2)
 os.environ["ELEPHANT_FAULT"] = "partition=1,step=2,kind=raise"  # on every try
 try:
     fit("synchronous", epochs=2, epoch_retries=1)
@@ -172,6 +180,12 @@ def test_a_connect_client_predicts_evaluates_and_trains_on_dataframes(connect_se
         assert result["commits"] > 0 and result["ledger"] == result["commits"] and result["plan"] == 2, (mode, result)
     once = out["fault_once"]
     assert once["rolled_back"] == 1 and len(once["history"]["loss"]) == 2 and once["accuracy"] > 0.7, once
+    one, two = out["sharded"]["1"], out["sharded"]["2"]  # JSON keys
+    assert (one["shards"], two["shards"]) == (1, 2) and two["commits"] == one["commits"] > 0, (one, two)
+    assert two["weights"] == one["weights"], (one, two)  # the same rounds, byte for byte, through two shard hosts
+    sharded = out["fault_sharded"]  # the task hosting shard 1 failed: the epoch rolled back on both shards
+    assert sharded["shards"] == 2 and sharded["rolled_back"] == 1 and sharded["accuracy"] > 0.7, sharded
+    assert sharded["ledger"] == sharded["commits"] and len(sharded["history"]["loss"]) == 2, sharded
     assert "epoch 1 of 2 failed in Spark 2 times" in out["fault_always"], out["fault_always"]
     assert "injected fault in partition 1" in out["fault_always"], out["fault_always"]
 

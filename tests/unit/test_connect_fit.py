@@ -67,9 +67,10 @@ def test_a_task_result_round_trips_without_pickle(state):
     hosted = Store([np.arange(4, dtype=np.float32).reshape(2, 2), np.ones(3)], ModelAveraging(), "synchronous", 1,
                    "run1", state=state)
     stats = [{"partition": 0, "samples": np.int64(7), "logs": {"loss": np.float32(0.5)}, "diverged_at": None}]
-    data = encode_result(stats, hosted.outcome())
+    data = encode_result(stats, (1, hosted.outcome()))
     assert isinstance(data, bytes)
-    got_stats, outcome = decode_result(data, "elephant.optimizers")
+    got_stats, (shard, outcome) = decode_result(data, "elephant.optimizers")
+    assert shard == 1
     assert got_stats == [{"partition": 0, "samples": 7, "logs": {"loss": 0.5}, "diverged_at": None}]
     for a, b in zip(outcome.center, hosted.center(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -83,7 +84,7 @@ def test_a_task_result_round_trips_without_pickle(state):
 def test_a_ledger_comes_back_as_commit_keys():
     hosted = _async_store([np.zeros(2)])
     hosted.commit(CommitKey("run1", 0, 1, 0), 9, _commit(np.ones(2), base_clock=0, samples=1))
-    _, outcome = decode_result(encode_result([], hosted.outcome()), "elephant.optimizers")
+    _, (_, outcome) = decode_result(encode_result([], (0, hosted.outcome())), "elephant.optimizers")
     assert outcome.ledger == [(CommitKey("run1", 0, 1, 0), 9)] and outcome.ledger[0][0].partition == 1
     assert outcome.staleness == {0: 1} and outcome.clock == 1
 
@@ -121,3 +122,32 @@ def test_closing_the_store_wakes_a_hosting_task_that_waits():
     store.close()
     waiter.join(5)
     assert not waiter.is_alive() and len(errors) == 1
+
+
+def test_a_sharded_store_goes_on_from_its_shards_epochs_served_elsewhere():
+    """Each hosting task serves one shard from the client's snapshot; the client absorbs them into one center."""
+    from elephant.errors import ConfigError
+    from elephant.ps.sharded_store import make_store
+
+    center = [np.arange(12, dtype=np.float32).reshape(4, 3), np.ones(5, np.float32)]
+    one = make_store(center, Downpour(), "asynchronous", 2, "run1")
+    client = make_store(center, Downpour(), "asynchronous", 2, "run1", shards=2)
+    start = client.snapshot()
+    hosted = [Store(shot.center, shard.optimizer, "asynchronous", 2, "run1", state=shot.state, clock=shot.clock)
+              for shot, shard in zip(start.shards, client.shards, strict=True)]
+    delta = [np.full((4, 3), 0.5, np.float32), np.full(5, -1.0, np.float32)]
+    for step in range(2):
+        key = CommitKey("run1", 0, step, 0)
+        one.commit(key, 1, Commit(tensors=delta, num_steps=1, num_samples=5, base_clock=0))
+        for store, piece in zip(hosted, client.plan.split(delta), strict=True):
+            store.commit(key, 1, Commit(tensors=piece, num_steps=1, num_samples=5, base_clock=0))
+    served = [decode_result(encode_result([], (i, s.outcome())), "elephant.optimizers")[1] for i, s in
+              enumerate(hosted)]
+    with pytest.raises(ConfigError, match="one outcome per shard of the plan"):
+        client.absorb([served[0][1]])
+    assert client.clock == 0  # refused whole: no shard took anything
+    client.absorb([outcome for _, outcome in sorted(served, key=lambda pair: pair[0])])
+    for a, b in zip(client.center(), one.center(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert client.clock == one.clock == 2 and len(client.ledger()) == 2
+    assert client.metrics()["commits_applied"] == one.metrics()["commits_applied"] == 2

@@ -71,10 +71,17 @@ def test_sparkmodel_refuses_shards_with_norm_guard_at_construction():
         SparkModel(tiny_model(), ps_shards=2, norm_guard=10.0)
 
 
-def test_a_connect_fit_serves_one_shard():
-    assert "Spark Connect" in shard_blocker(Settings(), hosted=True)
-    with pytest.raises(ConfigError, match=r"`ps_shards` must be 1 or None under Spark Connect.*received ps_shards=2"):
-        check_requested_shards(Settings(ps_shards=2), hosted=True)
+def test_a_connect_fit_serves_at_most_one_shard_per_worker():
+    assert shard_blocker(Settings()) is None
+    check_requested_shards(Settings(ps_shards=2), hosted_by=2)
+    with pytest.raises(ConfigError, match=r"`ps_shards` must be at most num_workers=2 under Spark Connect.*"
+                                          r"received ps_shards=3"):
+        check_requested_shards(Settings(ps_shards=3), hosted_by=2)
+    check_requested_shards(Settings(ps_shards=3))  # the driver hosts any number
+    assert decide_shards(None, 40_000_000, 64, 2.0) == 3
+    assert decide_shards(None, 40_000_000, 64, 2.0, hosted=True) == 3
+    assert decide_shards(None, 40_000_000, 2, 0.05, hosted=True) == 2  # capped at the workers
+    assert decide_shards(None, 40_000_000, 2, 0.05) > 2
 
 
 # ------------------------------------------------------------------ decision
@@ -101,8 +108,9 @@ def test_the_plan_records_the_decision_and_its_inputs():
     assert plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000).ps_shards == 2
     guarded = plan_fit(Settings(norm_guard=10.0), model, 2, 32, samples=1000).shard_choice
     assert guarded.shards == 1 and "norm_guard" in guarded.blocked and "one shard: norm_guard" in guarded.describe()
+    assert plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000, hosted=True).ps_shards == 2
     with pytest.raises(ConfigError, match="under Spark Connect"):
-        plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000, hosted=True)
+        plan_fit(Settings(ps_shards=3), model, 2, 32, samples=1000, hosted=True)
 
 
 def test_the_commit_interval_follows_the_window():
