@@ -663,7 +663,7 @@ def main(argv=None) -> int:
         return 0
 
     docs = {}
-    for name in ("ps_scale", "ps_scale_a_s1", "ps_scale_a_s2", "ps_scale_downpour"):
+    for name in ("ps_scale", "ps_scale_a_s1", "ps_scale_a_s2", "ps_scale_downpour", "ps_scale_binary_s1"):
         p = RESULTS / f"{name}.json"
         if p.exists():
             docs[name] = json.loads(p.read_text())
@@ -689,6 +689,10 @@ def main(argv=None) -> int:
         "DOWNPOUR's line (ps_scale_downpour.json)": replace(cal, server_fixed_ms=dp[0], server_ms_per_mb=dp[1]),
         "server per-MB cost +25 %": replace(cal, server_ms_per_mb=1.25 * cal.server_ms_per_mb),
     }
+    if "ps_scale_binary_s1" in docs:  # the quiet run after the binary routes left Flask (lower fixed cost)
+        binary = calibrate(phase_rows(docs["ps_scale_binary_s1"], "a"), phase_rows(docs["ps_scale"], "c"))
+        variants["ps_scale_binary_s1 fit (binary routes)"] = replace(
+            cal, server_fixed_ms=binary.server_fixed_ms, server_ms_per_mb=binary.server_ms_per_mb)
     sensitivity = []
     for name, vcal in variants.items():
         for S in (16, 32):

@@ -71,6 +71,11 @@ def _check_count(name: str, value: Any) -> int:
     return int(value)
 
 
+#: Where a fit's parameter server runs: None decides (the driver in a classic session, the epoch's tasks
+#: under Spark Connect), "driver" or "executors" (the first tasks of each epoch's barrier stage).
+PS_PLACEMENTS = (None, "driver", "executors")
+
+
 def check_ps_shards(ps_shards: Any) -> int | None:
     """``ps_shards``: None (decided at fit start) or a positive int.
 
@@ -141,6 +146,7 @@ class Settings(_Fields):
     norm_guard: float | None = None
     comm_budget: float = 0.1
     ps_shards: int | None = None
+    ps_placement: str | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen: validated once)
@@ -174,6 +180,9 @@ class Settings(_Fields):
             raise ConfigError(f"`comm_budget` must be a number in (0, 1); received comm_budget={budget!r}")
         set_("comm_budget", float(budget))
         set_("ps_shards", check_ps_shards(self.ps_shards))
+        if self.ps_placement not in PS_PLACEMENTS:
+            raise ConfigError(f"`ps_placement` must be one of {list(PS_PLACEMENTS)}; "
+                              f"received ps_placement={self.ps_placement!r}")
 
     @property
     def window(self) -> int | None:

@@ -130,10 +130,19 @@ class SparkModel:
             MB), logged and in ``sm.fit_plan``; an int fixes it. More than 1
             needs a rule whose server step is elementwise (every registered
             rule) and no ``norm_guard`` (else 1 is decided, and a larger
-            ``ps_shards`` is refused here), and a classic session (a Spark
-            Connect fit serves one shard). Each shard runs in a process of
-            its own on the driver host (about 50 MB and under a second to
-            start), so the shards' commits do not share one interpreter.
+            ``ps_shards`` is refused here). On the driver each shard runs in
+            a process of its own (about 50 MB and under a second to start),
+            so the shards' commits do not share one interpreter; on the
+            executors (``ps_placement``) each in one of the epoch's tasks, at
+            most one per worker.
+        ps_placement: where the parameter server runs. None (default): on the
+            driver in a classic session, in the epoch's tasks under Spark
+            Connect. ``"driver"``; or ``"executors"``: each epoch is one
+            barrier stage whose first ``ps_shards`` tasks serve the server's
+            shards on their executors (train as well), so its CPU and bytes
+            are spread over the cluster rather than one host, and a failed
+            task fails the epoch, which is trained again
+            (docs/parameter_server.md, "Servers on the executors").
 
     The fit runs on the driver's Keras backend (TensorFlow, JAX or torch); the
     executors' Python workers get the same one (:mod:`elephant.framework`),
@@ -163,6 +172,7 @@ class SparkModel:
         norm_guard: float | None = None,
         comm_budget: float = 0.1,
         ps_shards: int | None = None,
+        ps_placement: str | None = None,
     ):
         _check_model(model)
         self.model = model

@@ -8,7 +8,9 @@ one process per shard (:mod:`elephant.ps.shard_process`; each shard's commits
 then get a core of their own instead of sharing the driver's GIL), or, with
 :data:`SHARDS_IN_PROCESSES` False, one server per shard in the driver's
 threads. Each epoch is one Spark job (a barrier stage in synchronous mode) in
-the fit's job group.
+the fit's job group. With ``SparkModel(ps_placement="executors")`` the server
+(its shards) runs instead in the first tasks of each epoch, a barrier stage
+in every mode (:mod:`elephant.fit.hosted`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 from elephant import data as D
 from elephant import framework, gpu, session
 from elephant.config import FitArgs, Settings
-from elephant.errors import DataError
+from elephant.errors import ConfigError, DataError
+from elephant.fit import hosted
 from elephant.fit.epoch import collect_checked
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
@@ -75,6 +78,14 @@ def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:
     return stage.mapPartitions(task).collect()
 
 
+def _hosted_epoch_job(rdd, spec: TaskSpec, hosting) -> list[bytes]:
+    """The barrier stage of an epoch whose first tasks serve the parameter server: each task's encoded result."""
+    def task(iterator):
+        yield hosted.train_hosted(spec, hosting, iterator)
+
+    return rdd.barrier().mapPartitions(task).collect()
+
+
 def _hostable(optimizer) -> bool:
     """Whether the shards can serve from processes; where not, why is logged and they serve from threads."""
     from elephant.ps.shard_process import unhostable
@@ -99,16 +110,23 @@ class ClassicRun:
         self._servers: list[Any] = []
         self._processes = None  # the ShardedStore whose shards serve from processes
         self._broadcast, self._group = None, None
-        self.hosted = False  # the parameter server lives in the driver (it may be sharded)
+        #: Whether the epoch's tasks host the parameter server (else the driver does; it may be sharded).
+        self.hosted = settings.ps_placement == "executors"
+        self._max_bodies: list[int] = []
 
     def barrier(self, mode: str) -> bool:
-        """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds need every worker at once)."""
-        return mode == "synchronous"
+        """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds, or a server in its tasks)."""
+        return mode == "synchronous" or self.hosted
 
     def check_slots(self) -> None:
         settings = self.settings
-        session.check_barrier_slots(self.num_workers, session.task_slots(self.sc, self.conf),
-                                    settings.optimizer.staleness_bound, settings.mode)
+        slots = session.task_slots(self.sc, self.conf)
+        if self.hosted and self.num_workers > slots:
+            raise ConfigError(
+                f"ps_placement='executors' runs all workers at once (the first of them serve the parameter "
+                f"server), but num_workers={self.num_workers} exceeds the {slots} task slots of this Spark "
+                "cluster; lower num_workers or use ps_placement='driver'")
+        session.check_barrier_slots(self.num_workers, slots, settings.optimizer.staleness_bound, settings.mode)
 
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
@@ -130,6 +148,9 @@ class ClassicRun:
         self._broadcast = sc.broadcast(model_bytes)
         self._group = job_group
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
+        if self.hosted:  # the epochs' tasks start the servers, and say where in each epoch
+            self._max_bodies = hosted.max_bodies(store)
+            return self._broadcast, ()
         host, ports = session.ps_host(sc), session.ps_ports(sc)
         threads = 2 * self.num_workers + 4
         if SHARDS_IN_PROCESSES and getattr(store, "num_shards", 1) > 1 and _hostable(store.optimizer):
@@ -145,7 +166,12 @@ class ClassicRun:
         """One try of an epoch: ``job(spec, description)`` runs the epoch's Spark job and returns its stats."""
         def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
             with session.job_description(self.sc, text):
-                return _epoch_job(self.rdd, spec, barrier)
+                if not self.hosted:
+                    return _epoch_job(self.rdd, spec, barrier)
+                hosting = hosted.epoch_hosting(store, self._max_bodies, self.num_workers, self.settings.read_timeout,
+                                               self.settings.norm_guard, session.ps_ports(self.sc))
+                encoded = _hosted_epoch_job(self.rdd, spec, hosting)
+            return hosted.absorb_results(store, encoded, type(spec.optimizer).__module__)
 
         return job
 

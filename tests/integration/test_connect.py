@@ -66,7 +66,8 @@ out = {"columns": predicted.columns,
        "max_abs_diff": float(np.abs(np.stack(rows.to_numpy()) - model.predict(x, verbose=0)).max()),
        "evaluate": sm.evaluate(df, batch_size=128, return_dict=True),
        "keras": model.evaluate(x, y, batch_size=128, verbose=0, return_dict=True)}
-for name, call in (("fit_numpy", lambda: sm.fit(x, y, epochs=1)), ("predict_numpy", lambda: sm.predict(x))):
+for name, call in (("fit_numpy", lambda: sm.fit(x, y, epochs=1)), ("predict_numpy", lambda: sm.predict(x)),
+                   ("fit_on_driver", lambda: SparkModel(model, spark=spark, ps_placement="driver").fit(df, epochs=1))):
     try:
         call()
         out[name] = None
@@ -172,6 +173,7 @@ def test_a_connect_client_predicts_evaluates_and_trains_on_dataframes(connect_se
         assert out["evaluate"][key] == pytest.approx(out["keras"][key], rel=1e-5)
     assert "under Spark Connect SparkModel.fit trains on a DataFrame" in out["fit_numpy"]
     assert "SparkModel.predict(df)" in out["predict_numpy"]
+    assert "received ps_placement='driver'" in out["fit_on_driver"]
     for mode, result in out["fits"].items():  # each epoch a barrier stage whose task 0 hosts the server
         losses = result["history"]["loss"]
         assert losses[2] < losses[1] < losses[0], (mode, losses)

@@ -156,6 +156,52 @@ def test_a_retried_task_applies_its_commits_once_on_every_shard(spark, digits, s
     assert _ports_free(sm)
 
 
+def test_shards_on_the_executors_train_the_same_bytes_as_on_the_driver(spark, digits, stores):
+    """One epoch of two workers' synchronous rounds: the same center wherever the server and its shards run."""
+    x_train, _, y_train, _ = digits
+    weights, plans = {}, {}
+    for where, shards in (("driver", 1), ("driver", 2), ("executors", 1), ("executors", 2)):
+        sm = SparkModel(digits_model(), mode="synchronous", frequency=4, num_workers=2, ps_shards=shards,
+                        ps_placement=where, spark=spark)
+        sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
+        weights[where, shards], plans[where, shards] = sm.model.get_weights(), sm.fit_plan["ps_shards"]
+        assert bool(sm.last_report.ps_urls) == (where == "driver")  # the tasks' servers are not the driver's
+    assert plans == {("driver", 1): 1, ("driver", 2): 2, ("executors", 1): 1, ("executors", 2): 2}
+    for key, found in weights.items():
+        for a, b in zip(weights["driver", 1], found, strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
+    assert any((a != b).any() for a, b in zip(weights["driver", 1], digits_model().get_weights()))
+
+
+def test_a_failed_shard_host_rolls_the_epoch_back_on_every_shard(spark, digits, stores, tmp_path, monkeypatch):
+    """Asynchronous, shards in the tasks: the task hosting shard 1 fails once; the epoch is trained again."""
+    x_train, x_test, y_train, y_test = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=4,kind=raise,marker={marker}")  # once, in epoch 1
+    sm = SparkModel(digits_model(lr=3e-3), mode="asynchronous", frequency=2, num_workers=2, ps_shards=2,
+                    ps_placement="executors", spark=spark)
+    history = sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
+    assert marker.exists(), "the fault never fired"
+    assert sm.last_metrics["epochs_rolled_back"] == 1
+    keys = _once_per_shard(stores[-1])
+    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
+    assert len(keys) == 2 * 2 * -(-steps // 2)  # every (epoch, partition, window) once, each epoch in full
+    assert len(history.history["loss"]) == 2 and history.history["loss"][1] < history.history["loss"][0]
+    assert accuracy(sm.model, x_test, y_test) > 0.8
+
+
+def test_shards_on_the_executors_need_every_worker_at_once_and_a_task_each(spark, digits):
+    from elephant.errors import ConfigError
+
+    x_train, _, y_train, _ = digits
+    with pytest.raises(ConfigError, match=r"`ps_shards` must be at most num_workers=2.*received ps_shards=3"):
+        SparkModel(digits_model(), num_workers=2, ps_shards=3, ps_placement="executors",
+                   spark=spark).fit(x_train, y_train, epochs=1, verbose=0)
+    with pytest.raises(ConfigError, match=r"ps_placement='executors' runs all workers at once.*num_workers=3"):
+        SparkModel(digits_model(), num_workers=3, ps_placement="executors",
+                   spark=spark).fit(x_train, y_train, epochs=1, verbose=0)
+
+
 class _Crash(Exception):
     pass
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elephant.fit.connect import connect_slots, decode_result, encode_result
+from elephant.fit.connect import connect_slots
+from elephant.fit.hosted import decode_result, encode_result
 from elephant.optimizers import Commit, Downpour, ModelAveraging
 from elephant.optimizers.dcasgd import DCASGDState
 from elephant.ps.store import CommitKey, Store

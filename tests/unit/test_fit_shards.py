@@ -71,6 +71,19 @@ def test_sparkmodel_refuses_shards_with_norm_guard_at_construction():
         SparkModel(tiny_model(), ps_shards=2, norm_guard=10.0)
 
 
+@pytest.mark.parametrize("value", ["Executors", "tasks", 1, True])
+def test_ps_placement_is_checked(value):
+    with pytest.raises(ConfigError, match=r"`ps_placement` must be one of \[None, 'driver', 'executors'\]; "
+                                          rf"received ps_placement={value!r}"):
+        Settings(ps_placement=value)
+
+
+@pytest.mark.parametrize("value", [None, "driver", "executors"])
+def test_ps_placement_accepts_its_values_and_travels_in_the_config(value):
+    settings = Settings(ps_placement=value)
+    assert settings.ps_placement == value and Settings.from_config(settings.to_config()).ps_placement == value
+
+
 def test_a_connect_fit_serves_at_most_one_shard_per_worker():
     assert shard_blocker(Settings()) is None
     check_requested_shards(Settings(ps_shards=2), hosted_by=2)
