@@ -5,6 +5,9 @@ a digits MLP for 4 epochs with 2 workers, and SIGKILLs one executor JVM 2 s
 into epoch 2, in each mode asked for. The standalone worker starts a new
 executor; Spark re-runs the lost tasks of an ordinary stage itself, and
 elephant rolls a failed barrier (synchronous) epoch back and trains it again.
+``--executor-shards`` adds an asynchronous fit whose parameter server is two
+shards in the epoch's tasks (``ps_shards=2, ps_placement="executors"``): the
+kill takes a shard's host with it, and the epoch is rolled back on both.
 
 Reported per mode: whether the fit completed, updates applied twice (from the
 ledger: each ``(epoch, partition, step)`` must be in the center once), epochs
@@ -15,6 +18,7 @@ Usage::
 
     python benchmarks/executor_loss.py                      # both modes, with baselines
     python benchmarks/executor_loss.py --modes synchronous --no-baseline --out result.json
+    python benchmarks/executor_loss.py --modes --executor-shards --no-baseline   # the sharded fit alone
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def executor_pids(app_id: str) -> list[int]:
     return sorted(pids)
 
 
-def fit_once(spark, mode: str, kill: bool, data, seed: int = 0, kill_after: float = 2.0, epochs: int = 4) -> dict:
+def fit_once(spark, mode: str, kill: bool, data, seed: int = 0, kill_after: float = 2.0, epochs: int = 4,
+             shards: int = 1, placement: str | None = None) -> dict:
     import keras
     import numpy as np
 
@@ -57,7 +62,8 @@ def fit_once(spark, mode: str, kill: bool, data, seed: int = 0, kill_after: floa
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(10, activation="softmax")])
     model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    sm = SparkModel(model, mode=mode, frequency=8, num_workers=2, spark=spark)
+    sm = SparkModel(model, mode=mode, frequency=8, num_workers=2, ps_shards=shards, ps_placement=placement,
+                    spark=spark)
     killed, timers, began = [], [], []
     app_id = spark.sparkContext.applicationId
 
@@ -88,7 +94,8 @@ def fit_once(spark, mode: str, kill: bool, data, seed: int = 0, kill_after: floa
     metrics = sm.last_metrics or {}
     accuracy = float(np.mean(np.argmax(sm.model.predict(x_test, verbose=0), axis=1) == y_test))
     return {
-        "mode": mode, "fault": kill, "killed_pid": killed[0][0] if killed else None,
+        "mode": mode, "config": mode if placement is None else f"{mode}, {shards} shards on the {placement}",
+        "shards": shards, "placement": placement, "fault": kill, "killed_pid": killed[0][0] if killed else None,
         "killed_in_epoch": killed[0][1] if killed else None, "completed": error is None,
         "error": error, "seconds": round(seconds, 2), "accuracy": round(accuracy, 4),
         "applied_twice": sum(c - 1 for c in keys.values() if c > 1), "commits_applied": len(ledger),
@@ -100,7 +107,9 @@ def fit_once(spark, mode: str, kill: bool, data, seed: int = 0, kill_after: floa
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", nargs="+", default=["asynchronous", "synchronous"])
+    parser.add_argument("--modes", nargs="*", default=["asynchronous", "synchronous"])
+    parser.add_argument("--executor-shards", action="store_true",
+                        help="also an asynchronous fit with two parameter-server shards in the epochs' tasks")
     parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free fits")
     parser.add_argument("--kill-after", type=float, default=1.0, help="seconds into epoch 2 (default 1)")
     parser.add_argument("--repeat", type=int, default=24, help="copies of the digits training set (default 24)")
@@ -130,10 +139,14 @@ def main(argv=None) -> int:
     data = (x_train, x_test, y_train, y_test)
     rows = []
     try:
-        fit_once(spark, args.modes[0], False, data, epochs=1)  # Python workers started, TensorFlow imported
-        for mode in args.modes:
+        fit_once(spark, "asynchronous", False, data, epochs=1)  # Python workers started, TensorFlow imported
+        configs = [(mode, 1, None) for mode in args.modes]
+        if args.executor_shards:
+            configs.append(("asynchronous", 2, "executors"))
+        for mode, shards, placement in configs:
             for kill in ([False, True] if not args.no_baseline else [True]):
-                rows.append(fit_once(spark, mode, kill, data, kill_after=args.kill_after))
+                rows.append(fit_once(spark, mode, kill, data, kill_after=args.kill_after, shards=shards,
+                                     placement=placement))
                 print(json.dumps(rows[-1]), flush=True)
                 deadline = time.monotonic() + 120  # the next fit starts with both executors back
                 while len(executor_pids(spark.sparkContext.applicationId)) < 2 and time.monotonic() < deadline:
@@ -142,11 +155,11 @@ def main(argv=None) -> int:
         spark.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"cluster": "local-cluster[2,1,1024]", "runs": rows}, indent=1))
-    print(f"{'mode':>13} {'fault':>5} {'killed in':>9} {'done':>5} {'twice':>5} {'replays':>7} {'rolled':>6} "
+    print(f"{'config':>38} {'fault':>5} {'killed in':>9} {'done':>5} {'twice':>5} {'replays':>7} {'rolled':>6} "
           f"{'acc':>6} {'seconds':>8}")
     for r in rows:
         where = f"epoch {r['killed_in_epoch']}" if r["killed_pid"] else "-"
-        print(f"{r['mode']:>13} {str(r['fault']):>5} {where:>9} {str(r['completed']):>5} {r['applied_twice']:>5} "
+        print(f"{r['config']:>38} {str(r['fault']):>5} {where:>9} {str(r['completed']):>5} {r['applied_twice']:>5} "
               f"{r['replays_dropped']:>7} {r['epochs_rolled_back']:>6} {r['accuracy']:>6.3f} {r['seconds']:>8.1f}")
     print(f"wrote {args.out}")
     ok = all(r["completed"] and r["applied_twice"] == 0 and (r["killed_pid"] is not None) == r["fault"] for r in rows)

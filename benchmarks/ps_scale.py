@@ -10,7 +10,10 @@ over its slice in a process of its own (:func:`elephant.ps.shard_process.start_s
 and every worker commits the whole model through a
 :class:`~elephant.ps.shard_client.ShardedClient`, which splits it and sends
 the S slices in parallel. The rule is the fit's default asynchronous one (DelayedNesterov;
-``--rule`` picks another asynchronous rule).
+``--rule`` picks another asynchronous rule). ``--codec int8`` (or ``bf16``) wraps it in
+``Compressed``: every worker commits the delta as the codec encodes it (once, error
+feedback from a zero residual), each server decodes it, and a sharded server's plan cuts
+tensors at the codec's block ends, as a fit's does; the replies stay uncompressed.
 
 Phase (a), CPU per commit: for commits of 32 KB, 256 KB, 1 MB, 4 MB, 17 MB and
 40 MB, one client (this process's main thread) commits back to back to a
@@ -254,7 +257,7 @@ class ServerGroup:
             process.stdout.close()
 
 
-def start_servers(nbytes: int, num_workers: int, rule: str, shards: int = 1, *, host: str = "127.0.0.1",
+def start_servers(nbytes: int, num_workers: int, rule: str | dict, shards: int = 1, *, host: str = "127.0.0.1",
                   link: shaped_link.ShapedLink | None = None) -> ServerGroup:
     """Start ``shards`` server processes, each holding ``nbytes / shards`` of the model, ready when this returns.
 
@@ -297,14 +300,14 @@ def start_servers(nbytes: int, num_workers: int, rule: str, shards: int = 1, *, 
     return group
 
 
-def _start_shards(nbytes: int, num_workers: int, rule: str, shards: int, host: str, token: str) -> ServerGroup:
+def _start_shards(nbytes: int, num_workers: int, rule: str | dict, shards: int, host: str, token: str) -> ServerGroup:
     from elephant.optimizers import get
     from elephant.ps.app import max_body_bytes
     from elephant.ps.shard_process import start_shards
     from elephant.ps.shards import plan_shards
 
     center = model(nbytes)
-    plan = plan_shards(center, shards)
+    plan = plan_shards(center, shards, codec=getattr(get(rule), "codec", None))
     specs = [dict(center=part, optimizer=get(rule), mode="asynchronous", num_workers=num_workers, run=RUN,
                   round_timeout=600.0, state=None, clock=0, token=token, host=host, ports=[0], ports_from="port 0",
                   max_body_bytes=max_body_bytes(part), threads=2 * num_workers + 4) for part in plan.split(center)]
@@ -361,6 +364,21 @@ def delta_for(nbytes: int) -> list[np.ndarray]:
     return [t * 1e-6 for t in model(nbytes)]
 
 
+def payload_for(nbytes: int, rule) -> list[np.ndarray]:
+    """What a worker commits under ``rule``: :func:`delta_for`, encoded where the rule is ``Compressed``."""
+    from elephant.optimizers import get
+    from elephant.optimizers.codecs import encode_with_feedback, zero_residual
+
+    delta = delta_for(nbytes)
+    codec = getattr(get(rule), "codec", None)
+    return delta if codec is None else encode_with_feedback(codec, delta, zero_residual(delta))[0]
+
+
+def rule_spec(rule: str, codec: str) -> str | dict:
+    """The server's rule: ``rule`` by name, wrapped in ``Compressed`` with ``codec`` unless it is "none"."""
+    return rule if codec == "none" else {"name": "compressed", "config": {"inner": rule, "codec": codec}}
+
+
 def _run_worker(worker: Worker, plan: dict, start_at: float) -> LoopResult:
     def clock() -> float:
         return time.monotonic() - start_at
@@ -374,9 +392,9 @@ def _run_worker(worker: Worker, plan: dict, start_at: float) -> LoopResult:
     return open_loop(times, worker.commit, clock, time.sleep, plan["duration"] + plan["grace"])
 
 
-def _client_process(urls, token, nbytes, partitions, commands, results, plan=None) -> None:
+def _client_process(urls, token, nbytes, partitions, commands, results, plan=None, rule="delayednesterov") -> None:
     """A client process: its workers connect once, then run each plan from ``commands`` in threads."""
-    delta = delta_for(nbytes)
+    delta = payload_for(nbytes, rule)
     workers = [Worker(urls, token, p, delta, plan) for p in partitions]
     results.put({"ready": len(workers)})
     while (plan := commands.get()) is not None:
@@ -410,7 +428,8 @@ def _client_process(urls, token, nbytes, partitions, commands, results, plan=Non
 class ClientPool:
     """``num_workers`` workers in ``processes`` spawned processes, kept (and connected) across plans."""
 
-    def __init__(self, servers: ServerGroup, nbytes: int, num_workers: int, processes: int):
+    def __init__(self, servers: ServerGroup, nbytes: int, num_workers: int, processes: int,
+                 rule="delayednesterov"):
         ctx = mp.get_context("spawn")
         self.num_workers = num_workers
         self._results = ctx.Queue()
@@ -420,7 +439,7 @@ class ClientPool:
             commands = ctx.Queue()
             process = ctx.Process(target=_client_process,
                                   args=(servers.urls, servers.token, nbytes, partitions, commands, self._results,
-                                        servers.plan))
+                                        servers.plan, rule))
             process.start()
             self._commands.append(commands)
             self._processes.append(process)
@@ -466,7 +485,7 @@ class ClientPool:
 
 
 # ------------------------------------------------------------------- phases
-def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int = 1,
+def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str | dict, shards: int = 1,
                    link: shaped_link.ShapedLink | None = None, store_workers: int = 8, warmup: int = 3) -> dict:
     """Phase (a) for one size: back-to-back commits from this thread; CPU of client and server per commit.
 
@@ -477,7 +496,7 @@ def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int
     host = link.server_address if link else "127.0.0.1"
     servers = start_servers(nbytes, store_workers, rule, shards, host=host, link=link)
     try:
-        worker = Worker(servers.urls, servers.token, 0, delta_for(nbytes), servers.plan)
+        worker = Worker(servers.urls, servers.token, 0, payload_for(nbytes, rule), servers.plan)
         idle0, t_idle = servers.cpu_seconds(), time.perf_counter()
         time.sleep(1.0)
         idle_rate = (servers.cpu_seconds() - idle0) / (time.perf_counter() - t_idle)  # reported, not subtracted
@@ -504,13 +523,13 @@ def cpu_per_commit(label: str, nbytes: int, commits: int, rule: str, shards: int
     }
 
 
-def load_rows(num_workers: int, nbytes: int, rule: str, loads: Sequence[float], capacity_s: float,
+def load_rows(num_workers: int, nbytes: int, rule: str | dict, loads: Sequence[float], capacity_s: float,
               duration: float, client_processes: int, shards: int = 1) -> list[dict]:
     """Phase (b) for one K: capacity closed-loop, then each offered load open-loop, on one server."""
     servers = start_servers(nbytes, num_workers, rule, shards)
     rows = []
     try:
-        pool = ClientPool(servers, nbytes, num_workers, client_processes)
+        pool = ClientPool(servers, nbytes, num_workers, client_processes, rule)
         try:
             base = {"workers": num_workers, "bytes": nbytes, "client_processes": pool.processes, "shards": shards}
             closed = closed_loop_workers(num_workers)
@@ -556,7 +575,8 @@ def _row(phase: str, base: dict, found: list[dict], window: dict, offered: int |
     }
 
 
-def shaped_rows(rates: Sequence[str], sizes: Sequence[str], rule: str, budget: float) -> tuple[list[dict], str | None]:
+def shaped_rows(rates: Sequence[str], sizes: Sequence[str], rule: str | dict,
+                budget: float) -> tuple[list[dict], str | None]:
     """Phase (c): phase (a) with the server behind a shaped link at each rate; ``(rows, why skipped)``."""
     why = shaped_link.unavailable()
     if why:
@@ -654,6 +674,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--client-processes", type=int, default=4, help="processes the workers run in; default 4")
     parser.add_argument("--rule", default="delayednesterov", help="asynchronous rule; default the fit's")
     parser.add_argument("--shards", type=int, default=1, help="server processes, each with 1/S of the model")
+    parser.add_argument("--codec", choices=("none", "bf16", "int8"), default="none",
+                        help="commits compressed with this codec (the rule wrapped in Compressed); default none")
     parser.add_argument("--shaped", nargs="+", default=[], metavar="RATE",
                         help="(c) at these rates, e.g. 100mbit 1gbit")
     parser.add_argument("--out", type=Path, default=None, help="prefix of the results; default results/ps_scale")
@@ -669,6 +691,7 @@ def main(argv: list[str] | None = None) -> dict:
         except ValueError as exc:
             parser.error(str(exc))
     phases = set(args.phases or (["a", "b"] + (["c"] if args.shaped else [])))
+    rule = rule_spec(args.rule, args.codec)
     sizes = QUICK_SIZES if args.quick else tuple(SIZES)
     workers = args.workers or (QUICK_WORKERS if args.quick else WORKERS)
     duration = args.duration or (3.0 if args.quick else 10.0)
@@ -678,11 +701,11 @@ def main(argv: list[str] | None = None) -> dict:
     rows: list[dict] = []
     results = {"environment": environment(), "method": _method(args, phases, duration, capacity_s), "rows": rows}
     if "a" in phases:
-        print(f"(a) CPU per commit, one client, rule {args.rule}, {args.shards} server process(es)")
+        print(f"(a) CPU per commit, one client, rule {args.rule}, codec {args.codec}, {args.shards} server process(es)")
         print(f"{'size':>6} {'server ms':>10} {'client ms':>10} {'commits/s':>9} {'median ms':>9}")
         for label in sizes:
             commits = max(5, COMMITS[label] // (10 if args.quick else 1))
-            rows.append(cpu_per_commit(label, SIZES[label], commits, args.rule, args.shards))
+            rows.append(cpu_per_commit(label, SIZES[label], commits, rule, args.shards))
             _print_a(rows[-1])
     if "b" in phases:
         print(f"\n(b) open loop, {args.bytes} B commits, {duration:g} s offered per point (+ grace), "
@@ -690,7 +713,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'K':>5} {'load':>4} {'applied/offered':>15} {'unsent':>6} {'commits/s':>9} {'MB/s in':>7} "
               f"{'MB/s out':>7} {'p50 ms':>8} {'p99 ms':>9} {'srv cores':>6} {'cli max':>6} {'errors':>6}")
         for k in workers:
-            found = load_rows(k, args.bytes, args.rule, args.loads, capacity_s, duration, args.client_processes,
+            found = load_rows(k, args.bytes, rule, args.loads, capacity_s, duration, args.client_processes,
                               args.shards)
             print(f"      K={k}: {found[0]['client_processes']} client processes of about "
                   f"{-(-k // found[0]['client_processes'])} threads each", flush=True)
@@ -698,7 +721,7 @@ def main(argv: list[str] | None = None) -> dict:
                 _print_b(row)
             rows.extend(found)
     if "c" in phases:
-        shaped, why = shaped_rows(args.shaped or ["100mbit", "1gbit"], sizes, args.rule, 3.0 if args.quick else 8.0)
+        shaped, why = shaped_rows(args.shaped or ["100mbit", "1gbit"], sizes, rule, 3.0 if args.quick else 8.0)
         results["shaped_skipped"] = why
         if why:
             print(f"\n(c) shaped link skipped: {why}")
@@ -720,7 +743,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _method(args, phases, duration: float, capacity_s: float) -> dict:
     return {
-        "phases": sorted(phases), "rule": args.rule, "mode": "asynchronous", "shards": args.shards,
+        "phases": sorted(phases), "rule": args.rule, "codec": args.codec, "mode": "asynchronous",
+        "shards": args.shards,
         "server": "elephant Store + create_app + PSServer in its own process (subprocess, --serve); with --shards "
                   "S > 1 one elephant.ps.shard_process per shard of plan_shards over the model; "
                   "bearer token secrets.token_urlsafe(32); max_body_bytes as the fit; 2K+4 handler threads",

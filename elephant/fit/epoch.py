@@ -111,6 +111,7 @@ def run_epoch(store, job: Callable[[Any, str], list[dict[str, Any]]], spec, *, e
             undone = store.rollback(snapshot, f"{spec.run}.e{spec.epoch}t{tries}")
             if not barrier or tries > settings.epoch_retries or cause.split(":", 1)[0] in _NOT_RETRIED:
                 raise epoch_failure(exc, spec.epoch, epochs, tries, undone) from exc
-            log.warning("epoch %d: the synchronous job failed (%s); %d commits rolled back, training the epoch "
-                        "again (retry %d of %d)", spec.epoch + 1, cause, undone, tries, settings.epoch_retries)
+            log.warning("epoch %d: the %s job failed (%s); %d commits rolled back, training the epoch again "
+                        "(retry %d of %d)", spec.epoch + 1, "synchronous" if spec.mode == "synchronous" else "barrier",
+                        cause, undone, tries, settings.epoch_retries)
             spec = dataclasses.replace(spec, ps_run=store.run)

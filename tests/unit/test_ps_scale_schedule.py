@@ -133,3 +133,24 @@ def test_parse_rate(text, bits):
 def test_parse_rate_says_what_it_expected():
     with pytest.raises(ValueError, match="a rate must look like '100mbit'.*received '100mbps'"):
         S.shaped_link.parse_rate("100mbps")
+
+
+@pytest.mark.parametrize("codec, dtype", [("int8", np.int8), ("bf16", np.uint16)])
+def test_a_compressed_commit_is_the_codecs_encoding_and_a_store_decodes_it(codec, dtype):
+    """--codec: the workers send what a fit's worker would, and the wrapped rule decodes it to the delta."""
+    from elephant.optimizers import Commit, get
+    from elephant.ps.store import CommitKey, Store
+
+    rule = S.rule_spec("delayednesterov", codec)
+    assert S.rule_spec("delayednesterov", "none") == "delayednesterov"
+    nbytes = 64 << 10
+    payload, delta = S.payload_for(nbytes, rule), S.delta_for(nbytes)
+    assert payload[0].dtype == dtype and sum(p.nbytes for p in payload) < 0.6 * nbytes
+    assert S.payload_for(nbytes, "delayednesterov")[0].dtype == np.float32
+    plain, packed = (Store(S.model(nbytes), get(r), "asynchronous", 1, "r") for r in ("downpour", {
+        "name": "compressed", "config": {"inner": "downpour", "codec": codec}}))
+    plain.commit(CommitKey("r", 0, 0, 0), 1, Commit(delta, 1, 1, 0))
+    packed.commit(CommitKey("r", 0, 0, 0), 1, Commit(S.payload_for(nbytes, {
+        "name": "compressed", "config": {"inner": "downpour", "codec": codec}}), 1, 1, 0))
+    for a, b in zip(plain.center(), packed.center(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-8)  # the delta is ~1e-6: the codec's error is far below
