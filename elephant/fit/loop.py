@@ -238,6 +238,9 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
         if url:
             log.info("parameter server for run %s at %s (%d workers, mode=%s, optimizer=%r, window=%s)",
                      run, ", ".join(urls), num_workers, mode, rule, plan.window)
+        elif plan.hosted:
+            log.info("parameter server for run %s in the first %d task(s) of each epoch (%d workers, mode=%s, "
+                     "optimizer=%r, window=%s)", run, shards, num_workers, mode, rule, plan.window)
         sharded = {"ps_urls": tuple(urls), "shard_plan": store.plan.as_data()} if shards > 1 else {}
         cbks.on_train_begin()
         metrics_before = store.metrics()

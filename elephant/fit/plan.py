@@ -224,6 +224,8 @@ class FitPlan:
             costs, or None when ``frequency`` or the rule fixed it.
         adaptive: whether the model's optimizer adapts its step size (Adam, RMSprop...).
         shard_choice: how many parameter-server shards serve the fit, and why (None: one).
+        hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
+            "executors", and every Spark Connect fit) rather than the driver.
     """
 
     num_workers: int
@@ -236,6 +238,7 @@ class FitPlan:
     window_choice: WindowChoice | None = None
     adaptive: bool = False
     shard_choice: ShardChoice | None = None
+    hosted: bool = False
 
     @property
     def ps_shards(self) -> int:
@@ -248,7 +251,7 @@ class FitPlan:
                 "worker_batch_size": self.worker_batch_size, "window": self.window,
                 "optimizer": self.rule.get_config(), "overlap": self.overlap,
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
-                "ps_shards": self.ps_shards,
+                "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
     def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
@@ -335,5 +338,5 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
         splits_batch=split, overlap=settings.overlap,
         rule=settings.optimizer.for_fit(model.optimizer, num_workers, split, window), window_choice=choice,
-        adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice,
+        adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
     )

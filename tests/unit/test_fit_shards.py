@@ -121,7 +121,9 @@ def test_the_plan_records_the_decision_and_its_inputs():
     assert plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000).ps_shards == 2
     guarded = plan_fit(Settings(norm_guard=10.0), model, 2, 32, samples=1000).shard_choice
     assert guarded.shards == 1 and "norm_guard" in guarded.blocked and "one shard: norm_guard" in guarded.describe()
-    assert plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000, hosted=True).ps_shards == 2
+    hosted = plan_fit(Settings(ps_shards=2), model, 2, 32, samples=1000, hosted=True)
+    assert hosted.ps_shards == 2 and hosted.as_dict()["ps_placement"] == "executors"
+    assert plan.as_dict()["ps_placement"] == "driver"
     with pytest.raises(ConfigError, match="under Spark Connect"):
         plan_fit(Settings(ps_shards=3), model, 2, 32, samples=1000, hosted=True)
 
