@@ -31,6 +31,7 @@ _TASKS = ("classification", "regression")
 _SETTINGS, _FIT = Settings.defaults(), FitArgs.defaults()
 _MODE, _EPOCHS, _BATCH = _SETTINGS["mode"], _FIT["epochs"], 32  # as SparkModel and its fit (Keras' 32)
 _FREQUENCY = ""  # SparkModel's frequency=None: the distributed optimizer's own window
+_PLACEMENTS = ("", "driver", "executors")  # SparkModel's ps_placement; "" is None (decided)
 
 
 def _to_frequency(value: Any) -> str:
@@ -61,11 +62,17 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
     validationSplit = Param(Params._dummy(), "validationSplit", "fraction of the rows held out for val_* metrics",
                             typeConverter=TypeConverters.toFloat)
     verbose = Param(Params._dummy(), "verbose", "Keras' verbose: 0, 1 or 2", typeConverter=TypeConverters.toInt)
+    psShards = Param(Params._dummy(), "psShards", "parameter-server shards (0: decided from the model's size)",
+                     typeConverter=TypeConverters.toInt)
+    psPlacement = Param(Params._dummy(), "psPlacement", "where the parameter server runs: 'driver', 'executors' "
+                        "(the first tasks of each epoch) or '' (decided: the driver)",
+                        typeConverter=TypeConverters.toString)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(task="classification", epochs=_EPOCHS, batchSize=_BATCH, mode=_MODE, frequency=_FREQUENCY,
-                         optimizer="", numWorkers=0, validationSplit=0.0, verbose=0, probabilityCol="probability")
+                         optimizer="", numWorkers=0, validationSplit=0.0, verbose=0, probabilityCol="probability",
+                         psShards=0, psPlacement="")
 
     def _check(self) -> None:
         checks = [("task", self.getOrDefault(self.task) in _TASKS, f"one of {_TASKS}"),
@@ -73,7 +80,9 @@ class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
                   ("batchSize", self.getOrDefault(self.batchSize) > 0, "> 0"),
                   ("numWorkers", self.getOrDefault(self.numWorkers) >= 0, ">= 0"),
                   ("validationSplit", 0.0 <= self.getOrDefault(self.validationSplit) < 1.0, "in [0, 1)"),
-                  ("verbose", self.getOrDefault(self.verbose) in (0, 1, 2), "0, 1 or 2")]
+                  ("verbose", self.getOrDefault(self.verbose) in (0, 1, 2), "0, 1 or 2"),
+                  ("psShards", self.getOrDefault(self.psShards) >= 0, ">= 0"),
+                  ("psPlacement", self.getOrDefault(self.psPlacement) in _PLACEMENTS, f"one of {_PLACEMENTS}")]
         for name, ok, expected in checks:
             if not ok:
                 raise ConfigError(f"`{name}` must be {expected}; received {name}={self.getOrDefault(name)!r}")
@@ -147,10 +156,12 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
             probability column.
         task: ``"classification"`` (default) or ``"regression"``; said, never
             guessed from the loss.
-        epochs, batchSize, mode, frequency, optimizer, numWorkers,
-            validationSplit, verbose: as ``SparkModel`` and ``SparkModel.fit``
-            take them (``frequency=""``, ``optimizer=""`` and ``numWorkers=0`` keep
-            their defaults: the optimizer's window, the mode's optimizer, Spark's parallelism).
+        epochs, batchSize, mode, frequency, optimizer, numWorkers, psShards,
+            psPlacement, validationSplit, verbose: as ``SparkModel`` and
+            ``SparkModel.fit`` take them (``frequency=""``, ``optimizer=""``,
+            ``numWorkers=0``, ``psShards=0`` and ``psPlacement=""`` keep their
+            defaults: the optimizer's window, the mode's optimizer, Spark's
+            parallelism, shards decided from the model's size, the driver).
             ``validationSplit`` holds out that fraction of the rows (seeded) and
             evaluates it on the driver after each epoch.
 
@@ -164,7 +175,7 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
                  task: str = "classification", epochs: int = _EPOCHS, batchSize: int = _BATCH, mode: str = _MODE,
                  frequency: Any = _FREQUENCY, optimizer: str = "", numWorkers: int = 0, validationSplit: float = 0.0,
-                 verbose: int = 0):
+                 verbose: int = 0, psShards: int = 0, psPlacement: str = ""):
         super().__init__()
         if model is not None and build_fn is not None:
             raise ConfigError("KerasEstimator takes `model` (a compiled keras.Model) or `build_fn`, not both; "
@@ -185,6 +196,7 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
         get = self.getOrDefault
         sm = SparkModel(model, mode=get(self.mode), frequency=_frequency_value(get(self.frequency)),
                         optimizer=get(self.optimizer) or None, num_workers=get(self.numWorkers) or None,
+                        ps_shards=get(self.psShards) or None, ps_placement=get(self.psPlacement) or None,
                         spark=dataset.sparkSession)
         features, label = get(self.featuresCol), get(self.labelCol)
         train, validation = dataset, None

@@ -146,9 +146,27 @@ def test_bad_params_and_models_are_refused_naming_them(spark, frames):
         KerasEstimator(model=digits_model(), task="clustering").fit(train)
     with pytest.raises(ConfigError, match="nonsense"):  # optimizer reaches SparkModel
         KerasEstimator(model=digits_model(), optimizer="nonsense").fit(train)
+    with pytest.raises(ConfigError, match=r"`psPlacement` must be one of .*received psPlacement='gpu'"):
+        KerasEstimator(model=digits_model(), psPlacement="gpu").fit(train)
+    with pytest.raises(ConfigError, match=r"`psShards` must be >= 0; received psShards=-1"):
+        KerasEstimator(model=digits_model(), psShards=-1).fit(train)
     with pytest.raises(ConfigError, match="needs `model`"):
         KerasEstimator().fit(train)
     with pytest.raises(ConfigError, match="not both"):
         KerasEstimator(model=digits_model(), build_fn=digits_model)
     with pytest.raises(ConfigError, match="cannot be saved"):
         KerasEstimator(build_fn=digits_model).write().save("/nonexistent/elephant-estimator")
+
+
+def test_the_parameter_server_params_reach_the_fit(spark, frames):
+    """psShards and psPlacement: two shards served from the tasks of each epoch, as SparkModel takes them."""
+    from elephant.ml import KerasEstimator
+
+    train, _ = frames
+    est = KerasEstimator(model=digits_model(), featuresCol="scaled", epochs=1, numWorkers=2, psShards=2,
+                         psPlacement="executors")
+    stage = pipeline(est).fit(train).stages[-1]
+    assert stage.fit_plan["ps_shards"] == 2 and stage.fit_plan["ps_placement"] == "executors"
+    assert len(stage.history["loss"]) == 1 and np.isfinite(stage.history["loss"][0])
+    default = KerasEstimator(model=digits_model(), featuresCol="scaled", epochs=1, numWorkers=2)
+    assert pipeline(default).fit(train).stages[-1].fit_plan["ps_placement"] == "driver"
