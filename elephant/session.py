@@ -333,18 +333,26 @@ def task_slots(sc, conf: Mapping[str, str] | None = None) -> int:
     return max(1, sc.defaultParallelism // max(1, cpus))
 
 
-def check_barrier_slots(num_workers: int, slots: int, staleness_bound: int | None = None, mode: str = "synchronous") -> None:
+def check_barrier_slots(num_workers: int, slots: int, staleness_bound: int | None = None, mode: str = "synchronous",
+                        hosted: bool = False) -> None:
     """Refuse a fit whose workers must all run at once but cannot.
 
     Synchronous (barrier) mode needs every worker scheduled at once, and so
     does an SSP ``staleness_bound``: a running worker waits for the slowest
-    partition, and one that has not started yet never catches up. Spark does
-    not fail fast when a barrier stage has more tasks than free slots -- it
-    keeps re-checking for minutes -- and an SSP wait would only end at the
-    read timeout, so refuse up front.
+    partition, and one that has not started yet never catches up. So does a
+    server ``hosted`` in the epoch's tasks (``ps_placement='executors'``): its
+    hosts serve until every partition is done. Spark does not fail fast when a
+    barrier stage has more tasks than free slots -- it keeps re-checking for
+    minutes -- and an SSP wait would only end at the read timeout, so refuse up
+    front.
     """
     if num_workers <= slots:
         return
+    if hosted:
+        raise ConfigError(
+            f"ps_placement='executors' runs all workers at once (the first of them serve the parameter "
+            f"server), but num_workers={num_workers} exceeds the {slots} task slots of this Spark "
+            "cluster; lower num_workers or use ps_placement='driver'")
     if mode == "synchronous":
         raise ConfigError(
             f"mode='synchronous' runs all workers at once, but num_workers={num_workers} exceeds "

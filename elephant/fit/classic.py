@@ -23,7 +23,7 @@ from typing import Any
 from elephant import data as D
 from elephant import framework, gpu, session
 from elephant.config import FitArgs, Settings
-from elephant.errors import ConfigError, DataError
+from elephant.errors import DataError
 from elephant.fit import hosted
 from elephant.fit.epoch import collect_checked
 from elephant.sources import Source, release
@@ -113,6 +113,7 @@ class ClassicRun:
         #: Whether the epoch's tasks host the parameter server (else the driver does; it may be sharded).
         self.hosted = settings.ps_placement == "executors"
         self._max_bodies: list[int] = []
+        self._ports: list[int] = []
 
     def barrier(self, mode: str) -> bool:
         """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds, or a server in its tasks)."""
@@ -121,12 +122,8 @@ class ClassicRun:
     def check_slots(self) -> None:
         settings = self.settings
         slots = session.task_slots(self.sc, self.conf)
-        if self.hosted and self.num_workers > slots:
-            raise ConfigError(
-                f"ps_placement='executors' runs all workers at once (the first of them serve the parameter "
-                f"server), but num_workers={self.num_workers} exceeds the {slots} task slots of this Spark "
-                "cluster; lower num_workers or use ps_placement='driver'")
-        session.check_barrier_slots(self.num_workers, slots, settings.optimizer.staleness_bound, settings.mode)
+        session.check_barrier_slots(self.num_workers, slots, settings.optimizer.staleness_bound, settings.mode,
+                                    hosted=self.hosted)
 
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
@@ -148,16 +145,17 @@ class ClassicRun:
         self._broadcast = sc.broadcast(model_bytes)
         self._group = job_group
         sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
+        self._ports = session.ps_ports(sc)
         if self.hosted:  # the epochs' tasks start the servers, and say where in each epoch
             self._max_bodies = hosted.max_bodies(store)
             return self._broadcast, ()
-        host, ports = session.ps_host(sc), session.ps_ports(sc)
+        host, ports = session.ps_host(sc), self._ports
         threads = 2 * self.num_workers + 4
         if SHARDS_IN_PROCESSES and getattr(store, "num_shards", 1) > 1 and _hostable(store.optimizer):
             self._processes = store  # stopped in close(), also when a shard fails to start
             urls = store.serve_in_processes(token, host, ports, threads, ports_from=session.PS_PORTS_KEY)
             return self._broadcast, urls
-        for shard in getattr(store, "shards", (store,)):  # stopped in close(), also when a later one fails
+        for shard in hosted.store_shards(store):  # stopped in close(), also when a later one fails
             app = create_app(shard, token, max_body_bytes=max_body_bytes(shard.template))
             self._servers.append(start_server(app, host, ports, threads, ports_from=session.PS_PORTS_KEY))
         return self._broadcast, tuple(server.url for server in self._servers)
@@ -169,7 +167,7 @@ class ClassicRun:
                 if not self.hosted:
                     return _epoch_job(self.rdd, spec, barrier)
                 hosting = hosted.epoch_hosting(store, self._max_bodies, self.num_workers, self.settings.read_timeout,
-                                               self.settings.norm_guard, session.ps_ports(self.sc))
+                                               self.settings.norm_guard, self._ports)
                 encoded = _hosted_epoch_job(self.rdd, spec, hosting)
             return hosted.absorb_results(store, encoded, type(spec.optimizer).__module__)
 

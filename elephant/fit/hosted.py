@@ -39,7 +39,7 @@ from elephant import checkpoint, session
 from elephant.worker import TaskSpec
 
 __all__ = ["Hosting", "ShardStart", "absorb_results", "decode_result", "encode_result", "epoch_hosting",
-           "max_bodies", "train_hosted"]
+           "max_bodies", "store_shards", "train_hosted"]
 
 
 def store_shards(store) -> tuple:

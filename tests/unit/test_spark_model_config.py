@@ -194,6 +194,14 @@ def test_a_staleness_bound_needs_every_worker_running_at_once(bound, ok):
             check_barrier_slots(5, 2, bound, "asynchronous")
 
 
+@pytest.mark.parametrize("mode", ["asynchronous", "synchronous", "hogwild"])
+def test_a_server_in_the_tasks_needs_every_worker_running_at_once(mode):
+    check_barrier_slots(2, 2, None, mode, hosted=True)  # enough slots: always fine
+    with pytest.raises(ConfigError, match=r"ps_placement='executors' runs all workers at once .*num_workers=3 "
+                                          r"exceeds the 2 task slots.*use ps_placement='driver'"):
+        check_barrier_slots(3, 2, None, mode, hosted=True)
+
+
 def test_importing_elephant_does_not_import_spark_or_tf():
     import subprocess
 
