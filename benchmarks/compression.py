@@ -6,7 +6,9 @@ simulator (:func:`elephant.optimizers.simulate_fit`, one Keras replica per worke
 * ``async-default`` and ``sync-default``: the asynchronous and synchronous defaults as
   ``SparkModel`` runs them (DelayedNesterov, ModelAveraging), and
 * the same rules wrapped in ``Compressed(inner, codec)`` with ``bf16`` and with ``int8``
-  (per-block scales, blocks of 256), error feedback on,
+  (per-block scales, blocks of 256), error feedback on, and for the synchronous default
+  also with ``replies=True`` (``bf16+r``, ``int8+r``: each round's reply travels as the
+  encoded change of the workers' view of the center),
 
 from the same initial weights and shard split, plus plain Keras ``model.fit``, and records
 the test metric of the center after the last epoch and the bytes of one commit on the wire
@@ -18,9 +20,11 @@ Run::
     python benchmarks/compression.py                                  # digits + textures, 2 and 4 workers
     python benchmarks/compression.py --workloads digits-mlp --workers 2 --seeds 0
     python benchmarks/compression.py --report                         # table and plot from saved rows
+    python benchmarks/compression.py --configs sync-default --codecs none int8 int8+r bf16+r \
+        --results compression_replies                                # compressed replies, side by side
 
-Results go to ``benchmarks/results/compression.json`` (rows already there are kept and
-skipped, so an interrupted run resumes) and ``benchmarks/results/compression.png``.
+Results go to ``benchmarks/results/compression.json`` (``--results NAME``: ``NAME.json``; rows
+already there are kept and skipped, so an interrupted run resumes) and the plot beside it.
 """
 
 from __future__ import annotations
@@ -39,14 +43,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 RESULTS = os.path.join(HERE, "results")
-PATH = os.path.join(RESULTS, "compression.json")
+PATH = os.path.join(RESULTS, "compression.json")  # --results replaces it
 
 import workloads as WL  # noqa: E402
 
 logger = logging.getLogger("compression")
 
 MODES = {"async-default": "asynchronous", "sync-default": "synchronous"}
-CODECS = {"none": None, "bf16": {"codec": "bf16"}, "int8": {"codec": "int8", "block": 256}}
+CODECS = {"none": None, "bf16": {"codec": "bf16"}, "int8": {"codec": "int8", "block": 256},
+          "bf16+r": {"codec": "bf16", "replies": True}, "int8+r": {"codec": "int8", "block": 256, "replies": True}}
+#: Codecs that compress replies too: synchronous rounds only.
+SYNC_ONLY = ("bf16+r", "int8+r")
 
 
 def optimizer_for(mode: str, codec: str):
@@ -125,9 +132,11 @@ def run(args) -> dict:
                 _save(done)
             for workers in args.workers:
                 for config, mode in MODES.items():
+                    if config not in args.configs:
+                        continue
                     for codec in args.codecs:
                         key = (name, config, codec, workers, seed)
-                        if key in done:
+                        if key in done or (codec in SYNC_ONLY and mode != "synchronous"):
                             continue
                         row = {"workload": name, "config": config, "codec": codec, "workers": workers, "seed": seed}
                         try:
@@ -144,8 +153,9 @@ def run(args) -> dict:
 
 def table(done: dict) -> str:
     """A markdown table: the final metric per codec and its difference to uncompressed, plus commit bytes."""
-    lines = ["| workload | K | rule | plain Keras | none | bf16 (Δ) | int8/256 (Δ) | commit bytes none / bf16 / int8 |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | K | rule | seed | plain Keras | none | bf16 (Δ) | int8/256 (Δ) | bf16+r (Δ) | int8+r (Δ) "
+             "| commit bytes none / bf16 / int8 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = [r for r in done.values() if r["config"] != "plain"]
     cells = sorted({(r["workload"], r["workers"], r["config"], r["seed"]) for r in rows})
     for workload, workers, config, seed in cells:
@@ -153,11 +163,11 @@ def table(done: dict) -> str:
         got = {c: done.get((workload, config, c, workers, seed), {}) for c in CODECS}
         base = got["none"].get("final", float("nan"))
         fmt = {c: (f"{got[c]['final']:.4f}" if "final" in got[c] else got[c].get("error", "–")[:30]) for c in CODECS}
-        delta = {c: (f" ({got[c]['final'] - base:+.4f})" if "final" in got[c] else "") for c in ("bf16", "int8")}
+        delta = {c: (f" ({got[c]['final'] - base:+.4f})" if "final" in got[c] else "") for c in CODECS}
         sizes = " / ".join(f"{got[c].get('commit_bytes', 0) / 2**20:.3f}" if got[c].get("commit_bytes", 0) > 2**20
-                           else f"{got[c].get('commit_bytes', 0):,}" for c in CODECS)
-        lines.append(f"| {workload} | {workers} | {config} | {plain:.4f} | {fmt['none']} | {fmt['bf16']}{delta['bf16']} "
-                     f"| {fmt['int8']}{delta['int8']} | {sizes} |")
+                           else f"{got[c].get('commit_bytes', 0):,}" for c in ("none", "bf16", "int8"))
+        cols = " | ".join(f"{fmt[c]}{delta[c]}" for c in ("bf16", "int8", "bf16+r", "int8+r"))
+        lines.append(f"| {workload} | {workers} | {config} | {seed} | {plain:.4f} | {fmt['none']} | {cols} | {sizes} |")
     return "\n".join(lines)
 
 
@@ -176,7 +186,7 @@ def plot(done: dict) -> None:
         cells = sorted({(r["config"], r["workers"]) for r in rows if r["workload"] == workload})
         for i, codec in enumerate(CODECS):
             values = [done.get((workload, c, codec, k, 0), {}).get("final", float("nan")) for c, k in cells]
-            ax.bar([j + (i - 1) * 0.27 for j in range(len(cells))], values, width=0.27, label=codec)
+            ax.bar([j + (i - 2) * 0.17 for j in range(len(cells))], values, width=0.17, label=codec)
         plain = done.get((workload, "plain", "none", 0, 0), {}).get("final")
         if plain is not None:
             ax.axhline(plain, color="k", lw=1, ls="--", label="plain Keras")
@@ -187,7 +197,7 @@ def plot(done: dict) -> None:
         ax.set_ylabel("test accuracy after the last epoch")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "compression.png"), dpi=90)
+    fig.savefig(PATH.removesuffix(".json") + ".png", dpi=90)
 
 
 if __name__ == "__main__":
@@ -197,9 +207,12 @@ if __name__ == "__main__":
     parser.add_argument("--workloads", nargs="+", default=["digits-mlp", "textures-conv2d"], choices=list(WL.NAMES))
     parser.add_argument("--workers", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--codecs", nargs="+", default=list(CODECS), choices=list(CODECS))
+    parser.add_argument("--codecs", nargs="+", default=["none", "bf16", "int8"], choices=list(CODECS))
+    parser.add_argument("--configs", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--results", default="compression", help="name of the results file in benchmarks/results")
     parser.add_argument("--report", action="store_true", help="only print the table and draw the plot from saved rows")
     args = parser.parse_args()
+    PATH = os.path.join(RESULTS, args.results + ".json")
     results = _load() if args.report else run(args)
     logger.info("\n%s", table(results))
     plot(results)

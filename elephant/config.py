@@ -23,6 +23,7 @@ import numpy as np
 from elephant import optimizers as O
 from elephant.errors import ConfigError, DataError
 from elephant.optimizers.base import check_overlap
+from elephant.optimizers.compress import check_reply_mode
 
 __all__ = ["DEFAULT_OPTIMIZERS", "FitArgs", "Settings", "check_frequency", "check_mode", "check_positive_int",
            "check_ps_shards", "default_optimizer", "refuse_unsupported", "resolve_window"]
@@ -156,6 +157,7 @@ class Settings(_Fields):
         if mode not in optimizer.modes:
             raise ConfigError(f"optimizer {optimizer.name!r} supports mode(s) {list(optimizer.modes)}; "
                               f"received mode={mode!r}")
+        check_reply_mode(optimizer, mode)
         set_("optimizer", optimizer)
         set_("num_workers", check_positive_int("num_workers", self.num_workers, allow_none=True))
         if isinstance(self.read_timeout, bool) or not (isinstance(self.read_timeout, (int, float))

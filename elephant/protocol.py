@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MODES", "Commit", "CommitKey", "Reply", "merge_reply", "round_complete", "ssp_admitted"]
+__all__ = ["MODES", "Commit", "CommitKey", "Reply", "ReplyChange", "merge_reply", "round_complete", "ssp_admitted"]
 
 Weights = list  # a list of numpy arrays, in Keras ``get_weights()`` order
 
@@ -56,13 +56,44 @@ class Reply:
 
     Attributes:
         clock: number of commits (asynchronous) or rounds (synchronous) applied.
-        center: the center weights after this commit.
+        center: the center weights after this commit; with compressed replies, the
+            workers' view of it (:class:`ReplyChange`).
         tensors: an optional rule-specific payload (e.g. the EASGD elastic term).
+        view: with compressed replies, a digest of ``center`` (the view every
+            worker holds after this reply); None otherwise.
+        change: with compressed replies, the round's ``center`` as an encoded
+            change from the view before the round; None otherwise.
     """
 
     clock: int
     center: Weights
     tensors: Weights | None = None
+    view: str | None = None
+    change: ReplyChange | None = None
+
+
+class ReplyChange(NamedTuple):
+    """A synchronous round's reply as the encoded step between two views of the center.
+
+    With ``Compressed(replies=True)`` the workers do not hold the server's exact
+    center but a *view* of it that the server keeps too: after each round the view
+    moves towards the new center by an encoded change
+    (:func:`~elephant.optimizers.codecs.encode_change`), which is what travels
+    instead of the dense center; the server's center itself stays exact.
+
+    Attributes:
+        base: digest of the view the change applies to.
+        base_clock: the clock of that view.
+        codec: the codec's name, ``"bf16"`` or ``"int8"``.
+        block: the ``int8`` block (None: one scale per tensor, or ``bf16``).
+        layout: the encoded change (:mod:`elephant.optimizers.codecs`' layout).
+    """
+
+    base: str
+    base_clock: int
+    codec: str
+    block: int | None
+    layout: Weights
 
 
 class CommitKey(NamedTuple):

@@ -184,6 +184,11 @@ class DistributedOptimizer:
     #: it. A subclass that overrides a server rule inherits the flag: reset it if the new
     #: rule reduces over the tensors.
     elementwise: ClassVar[bool] = False
+    #: The codec (:class:`~elephant.optimizers.codecs.Codec`) in which a synchronous
+    #: round's reply travels as the change of the workers' view of the center
+    #: (:class:`~elephant.protocol.ReplyChange`); None (every rule but
+    #: ``Compressed(replies=True)``): replies carry the dense center.
+    reply_codec: ClassVar[Any] = None
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
         if window is None and self.default_window is None:

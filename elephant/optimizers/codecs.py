@@ -48,8 +48,9 @@ import numpy as np
 
 from elephant.errors import ConfigError, ProtocolError
 
-__all__ = ["BF16_MAX", "CODECS", "DEFAULT_BLOCK", "Codec", "bf16_decode", "bf16_encode", "decode_layout",
-           "encode_with_feedback", "int8_decode", "int8_encode", "layout_template", "zero_residual"]
+__all__ = ["BF16_MAX", "CODECS", "DEFAULT_BLOCK", "Codec", "apply_change", "bf16_decode", "bf16_encode",
+           "decode_layout", "encode_change", "encode_with_feedback", "int8_decode", "int8_encode", "layout_template",
+           "zero_residual"]
 
 #: The codec names :class:`Codec` accepts.
 CODECS = ("bf16", "int8")
@@ -248,3 +249,56 @@ def decode_layout(codec: Codec, layout: Sequence[np.ndarray]) -> list[np.ndarray
             raise ProtocolError(f"tensor {i} decodes from {codec.name} to non-finite values (NaN or inf)")
         out.append(x)
     return out
+
+
+def apply_change(codec: Codec, view: Sequence[np.ndarray], layout: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The weights a holder of ``view`` rebuilds from an encoded change (:func:`encode_change`'s layout).
+
+    Each floating tensor becomes ``view + decode(change)``, computed in float32 and
+    cast back to the view's dtype; a tensor that is not floating point travels whole
+    and is taken as it is. The server and every client call this one function on the
+    same inputs, so their results agree bit for bit (element-wise float32 arithmetic
+    is correctly rounded whatever the machine).
+
+    Raises:
+        ProtocolError: the layout does not match ``codec`` or ``view`` (count, shapes),
+            or decodes to non-finite values.
+    """
+    decoded = decode_layout(codec, layout)
+    if len(decoded) != len(view):
+        raise ProtocolError(f"a change of {len(decoded)} tensors cannot apply to weights of {len(view)} tensors")
+    out = []
+    for i, (v, x) in enumerate(zip(view, decoded)):
+        v = np.asarray(v)
+        if np.shape(x) != v.shape:
+            raise ProtocolError(f"tensor {i}: a change of shape {np.shape(x)} cannot apply to weights of shape {v.shape}")
+        if not _floating(v):
+            out.append(np.array(x, dtype=v.dtype, copy=True))
+            continue
+        out.append(np.asarray(np.add(v, x, dtype=np.float32), dtype=v.dtype))  # 0-d stays an array
+    return out
+
+
+def encode_change(codec: Codec, view: Sequence[np.ndarray],
+                  center: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Encode the step from ``view`` (what the workers hold) to ``center``: ``(layout, new_view)``.
+
+    The layout carries ``encode(center − view)`` for each floating tensor (the
+    whole tensor for the others), and ``new_view`` is :func:`apply_change` of it:
+    what a worker holding ``view`` rebuilds. The next change is measured from
+    ``new_view`` again, so the quantisation error is fed back and never piles up:
+    ``new_view`` stays within one encoding's error of ``center``, whatever the
+    number of rounds (for ``int8``, half a step of the change's block scale).
+    """
+    data, side = [], []
+    for v, c in zip(view, center, strict=True):
+        c = np.asarray(c)
+        if not _floating(c):
+            data.append(c)
+            side.append(np.zeros(0, _RAW))
+            continue
+        d, s = codec.encode(np.subtract(c, v, dtype=np.float32))
+        data.append(d)
+        side.append(s)
+    layout = data + side
+    return layout, apply_change(codec, view, layout)

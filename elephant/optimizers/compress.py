@@ -9,7 +9,19 @@ from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, get, r
 from elephant.optimizers.codecs import (DEFAULT_BLOCK, Codec, decode_layout, encode_with_feedback, layout_template,
                                         zero_residual)
 
-__all__ = ["Compressed"]
+__all__ = ["Compressed", "check_reply_mode"]
+
+
+def check_reply_mode(optimizer: DistributedOptimizer, mode: str) -> None:
+    """Refuse compressed replies outside synchronous mode, where every worker holds one view of the center.
+
+    Raises:
+        ConfigError: ``optimizer.reply_codec`` is set and ``mode`` is not ``"synchronous"``.
+    """
+    if optimizer.reply_codec is not None and mode != "synchronous":
+        raise ConfigError(
+            "Compressed(replies=True) compresses the replies of synchronous rounds, which every worker of the "
+            f"round shares; received mode={mode!r} (use mode='synchronous' or replies=False)")
 
 
 def _decoded(codec: Codec, commit: Commit) -> Commit:
@@ -27,7 +39,22 @@ class Compressed(DistributedOptimizer):
     over a partition pass the decoded payloads add up to the inner rule's
     exactly, less the last residual (at most half a quantisation step per
     element, see :mod:`elephant.optimizers.codecs`). Replies are the inner
-    rule's, unchanged.
+    rule's, unchanged, unless ``replies=True`` (below).
+
+    Compressed replies (``replies=True``, synchronous mode only): the server keeps
+    the *view* of the center that every worker of the fit holds, starting each
+    epoch at the center. When a round closes it encodes the step from the view to
+    the new center (:func:`~elephant.optimizers.codecs.encode_change`), moves the
+    view by what the encoding keeps, and sends that encoded step to each worker of
+    the round instead of the dense center (once encoded per round, whatever the
+    number of workers); the worker adds it to the view it holds and checks the
+    result's digest against the server's, so both hold the same bits. The server's
+    center stays exact: only the point the workers start their next window from
+    is rounded, by at most one encoding's error of the last step (the next step is
+    measured from the view, so the error is fed back and does not pile up). Each
+    worker's commit is measured from the view it holds, as any commit is measured
+    from what the worker pulled. Pulls, replays and a task's first reply carry the
+    dense view. The rule's own reply tensors travel uncompressed.
 
     Server: decodes the commit to float32 and calls the inner rule, so every
     rule keeps its meaning; with ``streams_rounds`` each commit is decoded as it
@@ -45,8 +72,8 @@ class Compressed(DistributedOptimizer):
     structure from :meth:`commit_template`. Modes, window, batch split, overlap
     and round streaming are the inner rule's.
 
-    Not done: replies stay dense centers (a synchronous round could broadcast the
-    quantised averaged delta instead); the residual lives in the worker state of
+    Not done: asynchronous replies stay dense (each worker holds its own center,
+    so a change against it would need the server to keep one view per worker); the residual lives in the worker state of
     one partition pass and is dropped at its end (so with one commit per pass,
     the asynchronous default's short-pass setting, error feedback never carries
     over); with ``norm_guard`` the store measures the encoded arrays, a proxy.
@@ -64,9 +91,13 @@ class Compressed(DistributedOptimizer):
             256; None: one scale per tensor. ``bf16`` ignores it (kept as None).
         window: when given, replaces the inner rule's window. Default None (keep it).
         staleness_bound: when given, replaces the inner rule's SSP bound. Default None (keep it).
+        replies: also send each synchronous round's reply encoded with ``codec``, as the
+            change of the workers' view of the center (above). Default False. A fit or a
+            store in another mode refuses it.
 
     Raises:
-        ConfigError: an unknown inner rule, codec or an invalid block.
+        ConfigError: an unknown inner rule, codec or an invalid block, or a
+            ``replies`` that is not a bool.
 
     Reference: F. Seide et al., "1-bit stochastic gradient descent and its
     application to data-parallel distributed training of speech DNNs",
@@ -80,7 +111,9 @@ class Compressed(DistributedOptimizer):
     modes = MODES  # the registry's check; each instance has its inner rule's modes
 
     def __init__(self, inner: Any = "delayednesterov", codec: str = "int8", block: int | None = DEFAULT_BLOCK,
-                 window: int | None = None, staleness_bound: int | None = None):
+                 window: int | None = None, staleness_bound: int | None = None, replies: bool = False):
+        if not isinstance(replies, bool):
+            raise ConfigError(f"`replies` must be True or False; received replies={replies!r}")
         if isinstance(inner, Compressed):
             raise ConfigError(f"`inner` must be an uncompressed rule; received inner={inner!r}")
         if not isinstance(inner, (str, dict, DistributedOptimizer)):
@@ -93,6 +126,8 @@ class Compressed(DistributedOptimizer):
             inner = type(inner).from_config({**inner.get_config(), **overrides})
         self.inner = inner
         self.codec = Codec(codec, block)
+        self.replies = replies
+        self.reply_codec = self.codec if replies else None
         # The runtime reads these per instance: they are the inner rule's.
         self.modes = inner.modes
         self.default_window = inner.default_window
@@ -161,14 +196,18 @@ class Compressed(DistributedOptimizer):
 
     def for_fit(self, local, num_workers, batch_split, window):
         inner = self.inner.for_fit(local, num_workers, batch_split, window)
-        return self if inner is self.inner else Compressed(inner, self.codec.name, self.codec.block)
+        return self if inner is self.inner else Compressed(inner, self.codec.name, self.codec.block,
+                                                           replies=self.replies)
 
     def describe(self, num_workers):
         block = "" if self.codec.name == "bf16" else f", block={self.codec.block}"
-        return f"{self.inner.describe(num_workers)}; commits compressed with {self.codec.name}{block} and error feedback"
+        replies = ", and synchronous replies as encoded changes" if self.replies else ""
+        return (f"{self.inner.describe(num_workers)}; commits compressed with {self.codec.name}{block} and error "
+                f"feedback{replies}")
 
     def get_config(self):
-        return {"inner": serialize(self.inner), "codec": self.codec.name, "block": self.codec.block}
+        return {"inner": serialize(self.inner), "codec": self.codec.name, "block": self.codec.block,
+                "replies": self.replies}
 
     def __hash__(self) -> int:
-        return hash((type(self), self.inner, self.codec))
+        return hash((type(self), self.inner, self.codec, self.replies))

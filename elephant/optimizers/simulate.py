@@ -64,6 +64,8 @@ import numpy as np
 from elephant import weights as W
 from elephant.errors import ConfigError, ScheduleError
 from elephant.optimizers.base import DistributedOptimizer, check_overlap, tree_map
+from elephant.optimizers.codecs import encode_change
+from elephant.optimizers.compress import check_reply_mode
 from elephant.protocol import MODES, Commit, Reply, merge_reply, round_complete, ssp_admitted
 from elephant.optimizers.steps import GradFn, LocalStep, nesterov, quadratic, sgd
 
@@ -182,6 +184,9 @@ class _Simulation:
         self.local_step = local_step
         self.samples = samples
         self.center = tree_map(np.copy, init)
+        check_reply_mode(optimizer, mode)
+        #: With compressed replies: the workers' view of the center, as the parameter server keeps it.
+        self.view = None if optimizer.reply_codec is None else tree_map(np.copy, init)
         self.clock = 0
         self.server_state = optimizer.server_init(tree_map(np.copy, init), num_workers)
         self.workers = {k: WorkerView() for k in range(num_workers)}
@@ -232,12 +237,16 @@ class _Simulation:
             self._settle(w)
         getattr(self, "_" + kind)(index, k, w, count)
 
+    def _served(self) -> Weights:
+        """A copy of the center as the workers get it: with compressed replies, their view of it."""
+        return tree_map(np.copy, self.center if self.view is None else self.view)
+
     def _pull(self, index, k, w, count):
         self.server_state = self.opt.on_pull(self.server_state, tree_map(np.copy, self.center), self.clock, k)
-        w.weights = tree_map(np.copy, self.center)
-        w.pulled = tree_map(np.copy, self.center)
+        w.weights = self._served()
+        w.pulled = self._served()
         w.base_clock = self.clock
-        w.state = self.opt.worker_init(tree_map(np.copy, self.center))
+        w.state = self.opt.worker_init(self._served())
         w.steps = w.samples = 0
         w.active = True
 
@@ -304,7 +313,7 @@ class _Simulation:
         self._record(center, commits)
         for k in commits:
             if self.overlap:  # merged after the worker's next local step, like an asynchronous reply
-                reply = Reply(clock=self.clock, center=tree_map(np.copy, self.center), tensors=replies.get(k))
+                reply = Reply(clock=self.clock, center=self._served(), tensors=replies.get(k))
                 self.workers[k].inflight = (reply, self.round_sent.pop(k))
             else:
                 self._reply(k, replies.get(k))
@@ -315,6 +324,8 @@ class _Simulation:
             tau = self.clock - c.base_clock
             self.applied.append(Applied(k, self.clock, c.base_clock, tau, c.num_steps, c.num_samples))
         self.center = center
+        if self.view is not None:  # one encoded change per round, as the parameter server sends it
+            _, self.view = encode_change(self.opt.reply_codec, self.view, center)
         self.clock += 1
         kept = self.keep_centers is None or len(self.centers) in self.keep_centers
         self.centers.append(tree_map(np.copy, center) if kept else None)
@@ -324,7 +335,7 @@ class _Simulation:
         if tensors is not None:
             W.check_same_structure(self.template, tensors, f"reply tensors for worker {k}")
         w = self.workers[k]
-        reply = Reply(clock=self.clock, center=tree_map(np.copy, self.center), tensors=tensors)
+        reply = Reply(clock=self.clock, center=self._served(), tensors=tensors)
         weights, w.state = self.opt.on_reply(w.state, w.weights, reply)
         W.check_same_structure(self.template, weights, f"weights of worker {k} after the reply")
         w.weights, w.pulled, w.base_clock = weights, reply.center, reply.clock

@@ -197,8 +197,12 @@ class BinaryRoutes:
             key, attempt, payload = wire.decode_commit(body, store.commit_template)
             del body  # the payload's arrays may view it: both go once the store has summed them
             wait = store.submit(key, attempt, payload, check_finite=False)  # decode checked finiteness
+            base_clock = payload.base_clock
             del payload
-        return wire.encode_reply(wait()), length
+        reply = wait()
+        # A round's encoded change goes to a worker whose window started from the view it applies to.
+        changed = reply.change is not None and reply.change.base_clock == base_clock
+        return wire.encode_reply(reply, changed), length
 
     def _weights(self, environ: dict[str, Any], length: int | None) -> tuple[wire.Encoded, int]:
         args: dict[str, str] = {}

@@ -117,6 +117,8 @@ class PSClient:
         self._backoff = float(backoff)
         self._transport = open_transport(url, self._timeout, session)
         self._headers = {"Authorization": f"Bearer {token}"}
+        #: ``(view, center)`` of the last reply that named its view: what a change reply is rebuilt from.
+        self._held: tuple[str, list] | None = None
 
     # --------------------------------------------------------------- requests
     def _request(self, method: str, path: str, what: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
@@ -176,9 +178,11 @@ class PSClient:
 
     def _decode(self, body: Any, template: Sequence[Any] | None, what: str) -> Reply:
         try:
-            return wire.decode_reply(body, template)
+            reply = wire.decode_reply(body, template, self._held)
         except ProtocolError as exc:
             raise PSError(f"{what}: parameter server {self.address} sent an invalid reply: {exc}") from None
+        self._held = None if reply.view is None else (reply.view, reply.center)
+        return reply
 
     def close(self) -> None:
         """Close the connections, and the session if this client created it."""

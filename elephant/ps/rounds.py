@@ -42,8 +42,9 @@ __all__ = ["Epoch", "Rounds", "Ticket"]
 RoundRule = Callable[[Any, list, int], tuple]
 
 #: The store's side of closing a round: ``apply(epoch, what, rule, commits)`` runs ``rule`` on the center
-#: (lock held), records the applied ``(key, attempt, commit)`` entries and returns the new clock, center and
-#: the rule's replies; it raises if the rule failed (the center is then unchanged).
+#: (lock held), records the applied ``(key, attempt, commit)`` entries and returns the new clock, the center
+#: the workers get, the rule's replies and the other fields of the round's :class:`Reply` (a dict); it
+#: raises if the rule failed (the center is then unchanged).
 Apply = Callable[["Epoch", str, RoundRule, list], tuple]
 
 
@@ -58,6 +59,7 @@ class _Round:
     replies: dict = dataclasses.field(default_factory=dict)
     attempts: dict = dataclasses.field(default_factory=dict)
     acc: Any = None  # a streaming rule's running sum of the pending commits
+    served: dict = dataclasses.field(default_factory=dict)  # the rest of the replies' fields (compressed replies)
 
 
 @dataclasses.dataclass
@@ -186,7 +188,7 @@ class Rounds:
         rnd, key = ticket.round, ticket.key
         if rnd.error is not None:
             raise PSError(f"{ticket.what}: round (epoch {key.epoch}, step {key.step}) failed: {rnd.error}")
-        return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(key.partition))
+        return Reply(clock=rnd.clock, center=list(rnd.center), tensors=rnd.replies.get(key.partition), **rnd.served)
 
     def _stream(self, ep: Epoch, rnd: _Round, key: CommitKey, attempt: int, commit: Commit, what: str) -> None:
         """Sum ``commit`` into its streamed round; a retransmission is summed once."""
@@ -231,7 +233,7 @@ class Rounds:
         else:
             rule = lambda state, center, clock: optimizer.apply_round(state, center, clock, commits)  # noqa: E731
         try:
-            clock, center, replies = self._apply(ep, what, rule, [entry[:3] for _, entry in entries])
+            clock, center, replies, served = self._apply(ep, what, rule, [entry[:3] for _, entry in entries])
         except Exception as exc:  # every waiter of the round reports it
             logger.error("%s failed: %r", what, exc)
             rnd.error = f"{type(exc).__name__}: {exc}"
@@ -239,5 +241,5 @@ class Rounds:
             return
         for p, (_, attempt, _, _) in entries:
             rnd.attempts[p] = attempt
-        rnd.clock, rnd.center, rnd.replies = clock, center, dict(replies or {})
+        rnd.clock, rnd.center, rnd.replies, rnd.served = clock, center, dict(replies or {}), served
         self._cond.notify_all()

@@ -53,9 +53,11 @@ from elephant.errors import (
     StoreClosedError,
 )
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.protocol import MODES, Commit, CommitKey, Reply, ssp_admitted
+from elephant.optimizers.codecs import encode_change
+from elephant.optimizers.compress import check_reply_mode
+from elephant.protocol import MODES, Commit, CommitKey, Reply, ReplyChange, ssp_admitted
 from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket
-from elephant.ps.wire import all_finite
+from elephant.ps.wire import all_finite, digest
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +157,7 @@ class Store:
             raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
         if mode not in optimizer.modes:
             raise ConfigError(f"{type(optimizer).__name__} supports modes {optimizer.modes}; received mode={mode!r}")
+        check_reply_mode(optimizer, mode)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"`num_workers` must be a positive int; received num_workers={num_workers!r}")
         if not isinstance(run, str) or not run:
@@ -184,6 +187,10 @@ class Store:
         self._waiting = 0  # requests blocked in a round or an SSP admission
         self._counts: Counter[str] = Counter()
         self._staleness: Counter[int] = Counter()
+        #: With compressed replies (the rule's ``reply_codec``): the workers' view of the center and its digest.
+        self._view: list[np.ndarray] | None = None
+        self._view_digest: str | None = None
+        self._reset_view()
         logger.info("store of run %s: mode=%s, optimizer=%r, num_workers=%d, %d tensors, %d bytes", run, mode,
                     optimizer, num_workers, len(self._center), sum(a.nbytes for a in self._center))
 
@@ -273,6 +280,7 @@ class Store:
         with self._cond, self._bytes_lock:
             self._center = _freeze(outcome.center)
             self._state, self._clock = outcome.state, outcome.clock
+            self._reset_view()
             self._ledger.extend(outcome.ledger)
             self._counts.update(outcome.counts)
             self._staleness.update(outcome.staleness)
@@ -298,6 +306,7 @@ class Store:
                 self._rounds.abandon(self._epochs.pop(epoch), "the epoch was rolled back")
             del self._ledger[snapshot.ledger_size:]
             self._center, self._clock = list(snapshot.center), snapshot.clock
+            self._reset_view()
             self._state = copy.deepcopy(snapshot.state)  # the snapshot stays valid for another rollback
             self._latest_epoch = snapshot.latest_epoch
             self._retired.add(self._run)
@@ -315,9 +324,22 @@ class Store:
             self._cond.notify_all()
 
     # ---------------------------------------------------------------- helpers
+    def _reset_view(self) -> None:
+        """With compressed replies, the workers' view becomes the center (at the start, a new epoch, a rollback)."""
+        if self._optimizer.reply_codec is not None:
+            self._view = list(self._center)
+            self._view_digest = digest(self._view)
+
+    def _reply(self, tensors: Any = None) -> Reply:
+        """A reply with the center as the workers hold it: the view, with compressed replies (lock held)."""
+        if self._view is None:
+            return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
+        return Reply(clock=self._clock, center=list(self._view), tensors=tensors, view=self._view_digest)
+
     def _epoch(self, epoch: int) -> Epoch:
         if epoch not in self._epochs:
             self._epochs[epoch] = Epoch(commits=[0] * self._num_workers)
+            self._reset_view()  # each epoch's workers start from the exact center
             self._latest_epoch = max(epoch, self._latest_epoch if self._latest_epoch is not None else epoch)
         return self._epochs[epoch]
 
@@ -461,7 +483,7 @@ class Store:
         self._admit(ep, key.epoch, key.partition, what)
         if pulled or self._clock != clock:
             self._state = self._optimizer.on_pull(self._state, self._center, self._clock, key.partition)
-        return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
+        return self._reply(tensors)
 
     def _round_result(self, ticket: Ticket, key: CommitKey, what: str) -> Callable[[], Reply]:
         """The wait for the result of the round that ``ticket``'s commit was entered in."""
@@ -478,11 +500,13 @@ class Store:
         return wait
 
     def _apply_round(self, ep: Epoch, what: str, rule: RoundRule,
-                     entries: list[tuple[CommitKey, int, Commit]]) -> tuple[int, list, Any]:
+                     entries: list[tuple[CommitKey, int, Commit]]) -> tuple[int, list, Any, dict]:
         """Run a closed round's ``rule`` on the center and record its commits (lock held; called by the rounds).
 
-        Returns the new clock, center and the rule's replies; raises :class:`PSError` (nothing changed) if the rule
-        failed or returned tensors unlike the center.
+        Returns the new clock, the center the workers get (with compressed replies, their view of it), the
+        rule's replies and the rest of the round's :class:`Reply` (with compressed replies, the view's digest and
+        the encoded change); raises :class:`PSError` (nothing changed) if the rule failed or returned tensors
+        unlike the center.
         """
         clock, state, center = self._clock, self._state, self._center
         self._center, replies, self._state = self._checked(what, lambda: rule(state, center, clock))
@@ -490,7 +514,13 @@ class Store:
         self._counts["rounds_applied"] += 1
         for key, attempt, commit in entries:
             self._record(ep, key, attempt, commit, clock)
-        return self._clock, self._center, replies
+        codec = self._optimizer.reply_codec
+        if codec is None:
+            return self._clock, self._center, replies, {}
+        layout, view = encode_change(codec, self._view, self._center)  # once per round, whatever the workers
+        change = ReplyChange(self._view_digest, clock, codec.name, codec.block, _freeze(layout))
+        self._view, self._view_digest = _freeze(view), digest(view)
+        return self._clock, self._view, replies, {"view": self._view_digest, "change": change}
 
     # -------------------------------------------------------------- requests
     def pull(self, worker: int, epoch: int | None = None) -> Reply:
@@ -516,7 +546,7 @@ class Store:
                 self._admit(self._epoch(epoch), epoch, worker, what)
             self._state = self._optimizer.on_pull(self._state, self._center, self._clock, worker)
             self._counts["pulls"] += 1
-            return Reply(clock=self._clock, center=list(self._center))
+            return self._reply()
 
     def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
         """``partition`` has no more data in ``epoch``: it leaves rounds and the SSP minimum.

@@ -58,6 +58,7 @@ __all__ = [
     "encode_reply",
     "decode_reply",
     "all_finite",
+    "digest",
 ]
 
 #: Largest JSON header accepted (safetensors itself allows 100 MB; ours are tiny).
@@ -442,20 +443,82 @@ def decode_commit(
     return key, ints["attempt"], Commit(tensors=tensors, **counts)
 
 
-def encode_reply(reply: Reply) -> Encoded:
-    """Encode a pull or commit reply: the center, then the optional reply tensors."""
+def digest(arrays: Sequence[Any]) -> str:
+    """A 64-bit digest (16 hex digits) of arrays' dtypes, shapes and bytes, in order.
+
+    Names a view of the center in compressed replies (:class:`~elephant.protocol.ReplyChange`):
+    a client rebuilding a view checks that it holds the same bits as the server.
+    """
+    h = _HASHES[CHECKSUM_KEY]()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
+
+
+def encode_reply(reply: Reply, changed: bool = False) -> Encoded:
+    """Encode a pull or commit reply: the center, then the optional reply tensors.
+
+    With ``changed`` and a reply that has a :attr:`~elephant.protocol.Reply.change`,
+    the encoded change travels instead of the center (for a client that holds
+    the change's base view); a reply with a :attr:`~elephant.protocol.Reply.view`
+    names it, so the client knows what it holds.
+    """
     extra = reply.tensors
-    meta = {
+    meta: dict[str, Any] = {
         "kind": "reply",
         "clock": reply.clock,
         "n_center": len(reply.center),
         "n_extra": None if extra is None else len(extra),
     }
-    return encode(list(reply.center) + list(extra or []), meta)
+    if reply.view is not None:
+        meta["view"] = reply.view
+    change = reply.change if changed else None
+    if change is None:
+        return encode(list(reply.center) + list(extra or []), meta)
+    meta.update(delta_of=change.base, codec=change.codec, block=change.block)
+    return encode(list(change.layout) + list(extra or []), meta)
 
 
-def decode_reply(buf: bytes | bytearray | memoryview, template: Sequence[Any] | None = None) -> Reply:
-    """Decode a reply; ``template`` (optional) is checked against the center part."""
+def _str_field(meta: Mapping[str, Any], field: str) -> str:
+    value = meta.get(field)
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(f"reply header field {field!r} must be a non-empty str; received {value!r}")
+    return value
+
+
+def _rebuild(meta: Mapping[str, Any], layout: list[np.ndarray], held: tuple[str, Sequence[Any]] | None) -> list:
+    """The center a change reply encodes, from the view this client holds; its digest must be the reply's."""
+    from elephant.errors import ConfigError
+    from elephant.optimizers.codecs import Codec, apply_change
+
+    base, view = _str_field(meta, "delta_of"), _str_field(meta, "view")
+    if held is None or held[0] != base:
+        have = "no view" if held is None else f"view {held[0]}"
+        raise ProtocolError(f"reply is a change from view {base}, but this client holds {have}")
+    block = meta.get("block")
+    try:
+        codec = Codec(meta.get("codec"), block)
+    except ConfigError as exc:
+        raise ProtocolError(f"reply header names an invalid codec: {exc}") from None
+    center = apply_change(codec, held[1], layout)
+    for a in center:
+        a.flags.writeable = False
+    rebuilt = digest(center)
+    if rebuilt != view:
+        raise ProtocolError(f"the view rebuilt from a change reply has digest {rebuilt}, the server's {view}")
+    return center
+
+
+def decode_reply(buf: bytes | bytearray | memoryview, template: Sequence[Any] | None = None,
+                 held: tuple[str, Sequence[Any]] | None = None) -> Reply:
+    """Decode a reply; ``template`` (optional) is checked against the center part.
+
+    A change reply (:func:`encode_reply` with ``changed``) is rebuilt from
+    ``held``, the ``(view, center)`` of this client's last reply, and the
+    result's digest checked against the reply's view.
+    """
     tensors, meta = decode(buf)
     _check_kind(meta, "reply")
     clock = _meta_int(meta, "clock", "reply")
@@ -463,11 +526,13 @@ def decode_reply(buf: bytes | bytearray | memoryview, template: Sequence[Any] | 
     n_extra = meta.get("n_extra")
     if n_extra is not None:
         n_extra = _meta_int(meta, "n_extra", "reply")
-    if n_center + (n_extra or 0) != len(tensors):
+    n_sent = 2 * n_center if "delta_of" in meta else n_center  # a change: codes and scales per tensor
+    if n_sent + (n_extra or 0) != len(tensors):
         raise ProtocolError(
-            f"reply header announces {n_center} center and {n_extra or 0} extra tensors, received {len(tensors)}"
+            f"reply header announces {n_sent} center and {n_extra or 0} extra tensors, received {len(tensors)}"
         )
-    center = tensors[:n_center]
+    view = _str_field(meta, "view") if "view" in meta else None
+    center = tensors[:n_center] if "delta_of" not in meta else _rebuild(meta, tensors[:n_sent], held)
     if template is not None:
         if len(template) != n_center:
             raise ProtocolError(f"expected {len(template)} center tensors, received {n_center}")
@@ -476,4 +541,4 @@ def decode_reply(buf: bytes | bytearray | memoryview, template: Sequence[Any] | 
                 raise ProtocolError(
                     f"center tensor {i}: expected {np.dtype(t.dtype)}{list(t.shape)}, received {a.dtype}{list(a.shape)}"
                 )
-    return Reply(clock=clock, center=center, tensors=None if n_extra is None else tensors[n_center:])
+    return Reply(clock=clock, center=center, tensors=None if n_extra is None else tensors[n_sent:], view=view)

@@ -242,3 +242,27 @@ def test_a_sharded_fit_resumes_every_shard_from_its_backup(spark, digits, stores
     store = stores[-1]
     assert store is not crashed and store.num_shards == 2
     assert store.metrics()["rounds_applied"] > 0 and _ports_free(resumed)
+
+
+def test_compressed_replies_through_two_shards_survive_a_rolled_back_epoch(spark, digits, stores, tmp_path,
+                                                                          monkeypatch):
+    """int8 replies (each round's change of the workers' view) from two shard processes, with a failed task."""
+    x_train, x_test, y_train, y_test = digits
+    found = {}
+    for replies in (False, True):
+        rule = {"name": "compressed", "config": {"inner": "modelaveraging", "codec": "int8", "replies": replies}}
+        marker = tmp_path / f"fired-{replies}"
+        if replies:  # once, in the first epoch: the epoch is rolled back and every worker starts from a fresh view
+            monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=6,kind=raise,marker={marker}")
+        sm = SparkModel(digits_model(), mode="synchronous", frequency=2, num_workers=2, ps_shards=1 + replies,
+                        optimizer=rule, spark=spark)
+        sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0)
+        metrics = sm.last_metrics
+        found[replies] = accuracy(sm.model, x_test, y_test), metrics["bytes_out"]
+        if replies:
+            assert marker.exists(), "the fault never fired"
+            assert all(shard["epochs_rolled_back"] == 1 for shard in metrics["shards"])
+            _once_per_shard(stores[-1])
+    (dense, dense_bytes), (small, small_bytes) = found[False], found[True]
+    assert dense > 0.85 and small > 0.85 and abs(dense - small) < 0.05, found
+    assert dense_bytes / small_bytes > 2.5, found  # int8 replies: 3.9x smaller, less the rolled-back epoch's

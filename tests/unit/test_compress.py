@@ -10,9 +10,9 @@ import pytest
 from elephant.config import Settings
 from elephant.errors import ConfigError, ProtocolError
 from elephant.optimizers import Commit, Compressed, get, serialize, simulate
-from elephant.optimizers.codecs import (BF16_MAX, Codec, bf16_decode, bf16_encode, decode_layout,
-                                        encode_with_feedback, int8_decode, int8_encode, layout_template,
-                                        zero_residual)
+from elephant.optimizers.codecs import (BF16_MAX, Codec, apply_change, bf16_decode, bf16_encode, decode_layout,
+                                        encode_change, encode_with_feedback, int8_decode, int8_encode,
+                                        layout_template, zero_residual)
 from elephant.optimizers.schedules import round_robin
 from elephant.ps import wire
 from elephant.ps.store import _squared_norm
@@ -347,3 +347,134 @@ def test_compressed_asynchronous_store_equals_replay(transport):
     opt = Compressed(get("downpour", window=2), "bf16")
     store, grads, starts = run_threads(opt, "asynchronous", [6, 4, 5], transport)
     assert_same_center(store, replay_async(opt, store, grads, starts))
+
+
+# ------------------------------------------------------------------ compressed replies
+@pytest.mark.parametrize("codec", [Codec("int8", 16), Codec("int8", None), Codec("bf16")])
+def test_a_view_follows_the_center_within_one_encoding_and_rebuilds_bit_for_bit(codec):
+    rng = np.random.default_rng(11)
+    center = [rng.normal(size=(8, 40)).astype(np.float32), np.arange(5, dtype=np.int32)]
+    view = [a.copy() for a in center]
+    naive = [a.copy() for a in center]  # each step encoded on its own, from the exact center: errors pile up
+    worst_view = worst_naive = 0.0
+    for _ in range(300):
+        step = (rng.normal(size=(8, 40)) * 1e-2).astype(np.float32)
+        new = [center[0] + step, center[1] + 1]
+        layout, rebuilt = encode_change(codec, view, new)
+        assert [r.tobytes() for r in apply_change(codec, view, layout)] == [r.tobytes() for r in rebuilt]
+        assert rebuilt[1].dtype == np.int32 and np.array_equal(rebuilt[1], new[1])  # integers travel whole
+        naive[0] = naive[0] + decode_layout(codec, encode_with_feedback(codec, [step], [np.zeros_like(step)])[0])[0]
+        center, view = new, rebuilt
+        worst_view = max(worst_view, float(np.abs(view[0] - center[0]).max()))
+        worst_naive = max(worst_naive, float(np.abs(naive[0] - center[0]).max()))
+    bound = 2.0**-8 * float(np.abs(center[0]).max()) if codec.name == "bf16" else 0.51 * 3e-2 * 4.5 / 127
+    assert worst_view <= bound  # one encoding of one step (the step's absmax is under 4.5 sigma), not 300
+    assert worst_naive > 3 * worst_view
+
+
+def test_apply_change_refusals():
+    codec = Codec("int8", 4)
+    layout, _ = encode_change(codec, [np.zeros(8, np.float32)], [np.ones(8, np.float32)])
+    with pytest.raises(ProtocolError, match="a change of 1 tensors cannot apply to weights of 2 tensors"):
+        apply_change(codec, [np.zeros(8, np.float32)] * 2, layout)
+    with pytest.raises(ProtocolError, match=r"tensor 0: a change of shape \(8,\) cannot apply to weights of shape \(4, 2\)"):
+        apply_change(codec, [np.zeros((4, 2), np.float32)], layout)
+
+
+@pytest.mark.parametrize("transport", ["store", "http"])
+@pytest.mark.parametrize("codec, block", [("int8", 2), ("bf16", None)])
+def test_compressed_replies_store_equals_replay(transport, codec, block):
+    opt = Compressed(get("modelaveraging", window=3), codec, block=block, replies=True)
+    store, grads, _ = run_threads(opt, "synchronous", [5, 5, 3], transport)
+    assert_same_center(store, replay_rounds(opt, store, grads, [5, 5, 3]))
+    dense = Compressed(get("modelaveraging", window=3), codec, block=block)
+    other, _, _ = run_threads(dense, "synchronous", [5, 5, 3], transport)
+    # the workers started their windows from the view, so the center moved otherwise
+    assert any(not np.array_equal(a, b) for a, b in zip(store.center(), other.center()))
+
+
+def _reply_server(opt):
+    from elephant.ps.app import create_app
+    from elephant.ps.server import PSServer
+    from elephant.ps.store import Store
+
+    store = Store(WEIGHTS, opt, "synchronous", 1, "run")
+    return store, PSServer(create_app(store, "tok")).start()
+
+
+@pytest.mark.parametrize("codec, ratio", [("int8", 3.8), ("bf16", 1.95)])
+def test_compressed_replies_shrink_the_replies_and_rebuild_the_servers_view(codec, ratio):
+    from elephant.ps.client import PSClient
+
+    rng = np.random.default_rng(3)
+    sizes = {}
+    for replies in (False, True):
+        opt = Compressed(get("modelaveraging", window=1), codec, replies=replies)
+        store, server = _reply_server(opt)
+        try:
+            with PSClient(server.url, "tok") as client:
+                reply = client.pull(0, epoch=0)
+                state, pulled, base = opt.worker_init(reply.center), reply.center, reply.clock
+                before = store.metrics()["bytes_out"]
+                for step in range(3):
+                    weights = [p + rng.normal(size=p.shape).astype(np.float32) * 0.1 for p in pulled]
+                    layout, state = opt.make_commit(state, weights, pulled, 1)
+                    reply = client.commit(CommitKey("run", 0, 0, step), 0, Commit(layout, 1, 32, base))
+                    pulled, base = reply.center, reply.clock
+                    held = store._view if replies else store.center()
+                    assert [a.tobytes() for a in pulled] == [a.tobytes() for a in held]
+                sizes[replies] = store.metrics()["bytes_out"] - before
+                if replies:  # the exact center is the rule's, one encoding away from the workers' view
+                    gap = max(float(np.abs(a - b).max()) for a, b in zip(store.center(), pulled))
+                    assert gap < 0.02 and (gap > 0 or codec == "bf16")  # one worker's bf16 step is bf16 already
+        finally:
+            server.stop()
+            store.close()
+    assert sizes[False] / sizes[True] >= ratio
+
+
+def test_a_change_reply_needs_the_view_it_was_made_from():
+    from elephant.protocol import Reply, ReplyChange
+
+    codec = Codec("int8")
+    rng = np.random.default_rng(5)
+    held = [rng.normal(size=w.shape).astype(np.float32) for w in WEIGHTS]
+    center = [h + rng.normal(size=h.shape).astype(np.float32) * 0.01 for h in held]
+    layout, view = encode_change(codec, held, center)
+    base = wire.digest(held)
+    reply = Reply(clock=1, center=view, view=wire.digest(view),
+                  change=ReplyChange(base, 0, codec.name, codec.block, layout))
+    buf = wire.encode_reply(reply, changed=True).tobytes()
+    assert len(buf) < len(wire.encode_reply(reply).tobytes()) / 3.8
+    got = wire.decode_reply(buf, WEIGHTS, held=(base, held))
+    assert [a.tobytes() for a in got.center] == [a.tobytes() for a in view] and got.view == reply.view
+    assert got.change is None and not got.center[0].flags.writeable
+    with pytest.raises(ProtocolError, match=r"reply is a change from view [0-9a-f]{16}, but this client holds no view"):
+        wire.decode_reply(buf, WEIGHTS)
+    with pytest.raises(ProtocolError, match="but this client holds view 0000000000000000"):
+        wire.decode_reply(buf, WEIGHTS, held=("0000000000000000", held))
+    tampered = [a.copy() for a in held]
+    tampered[2] = tampered[2] + np.float32(1e-3)  # a client whose view differs in one value, under the same name
+    with pytest.raises(ProtocolError, match="the view rebuilt from a change reply has digest .* the server's"):
+        wire.decode_reply(buf, WEIGHTS, held=(base, tampered))
+    with pytest.raises(ProtocolError, match="expected 2 center tensors, received 3"):
+        wire.decode_reply(buf, WEIGHTS[:2], held=(base, held))
+
+
+def test_compressed_replies_need_synchronous_rounds():
+    from elephant.ps.store import Store
+
+    opt = Compressed("delayednesterov", "int8", replies=True)
+    match = r"Compressed\(replies=True\) compresses the replies of synchronous rounds.*received mode='asynchronous'"
+    with pytest.raises(ConfigError, match=match):
+        Store(WEIGHTS, opt, "asynchronous", 2, "run")
+    with pytest.raises(ConfigError, match=match):
+        simulate(opt, WEIGHTS, _bf16_exact_grad, round_robin(2, 1, 2), mode="asynchronous")
+    with pytest.raises(ConfigError, match=match):
+        Settings(mode="asynchronous", optimizer=serialize(opt))
+    with pytest.raises(ConfigError, match=r"`replies` must be True or False; received replies='yes'"):
+        Compressed(replies="yes")
+    sync = Compressed("modelaveraging", "bf16", replies=True)
+    assert get(serialize(sync)) == sync and sync != Compressed("modelaveraging", "bf16")
+    assert "replies as encoded changes" in sync.describe(2) and sync.reply_codec == sync.codec
+    assert sync.for_fit(None, 8, True, 16).replies

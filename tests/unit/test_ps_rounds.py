@@ -29,7 +29,7 @@ class Host:
     def apply(self, ep, what, rule, entries):
         center, replies, _ = rule(None, [np.zeros(2)], 0)
         self.applied.append([(key.partition, attempt) for key, attempt, _ in entries])
-        return 1, center, replies
+        return 1, center, replies, {}
 
 
 def rounds(optimizer, num_workers=3, mode="synchronous"):
