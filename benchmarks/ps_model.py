@@ -7,12 +7,14 @@ What ps_scale's figures say about K = 64-512 workers on 10 and 25 Gb/s. The mode
   sends its commit, ``P/S`` float32 bytes to each of the S shards compressed by a factor
   ``c`` (1 fp32, 2 bf16, 4/(1 + 4/256) = 3.94 int8 with one float32 scale per 256
   elements), and waits for every shard's reply (the shard's slice of the center: ``P/S``
-  bytes uncompressed, as elephant does today, or ``P/(S·c)`` in the *compressed-replies
-  what-if*, which elephant does not implement). Its commit latency runs from the end of
-  its window to the last reply; that is its stall.
+  bytes uncompressed, or ``P/(S·c)`` with *compressed replies*: in synchronous rounds as
+  elephant sends them, ``Compressed(replies=True)``, the round's change encoded once and
+  sent to all K; in asynchronous mode a what-if elephant does not implement, encoded per
+  reply). Its commit latency runs from the end of its window to the last reply; that is
+  its stall.
 * **Shards.** Each shard is one process: a FIFO server with CPU cost
   ``a + b·(MB of its float32 slice)`` per commit (plus decoding a compressed commit and,
-  in the what-if, encoding the reply), fitted on phase (a). A shard gets one core; S
+  in the asynchronous what-if, encoding the reply), fitted on phase (a). A shard gets one core; S
   shards on a driver host with ``cores`` cores each run at speed ``min(1, cores/S)``.
 * **Links.** FIFO links at ``efficiency·B`` bytes/s per direction (full duplex), message
   by message. Each worker has its own NIC. Shards either all live on the driver host and
@@ -22,7 +24,8 @@ What ps_scale's figures say about K = 64-512 workers on 10 and 25 Gb/s. The mode
   finish before it finished the first.
 * **Modes.** Asynchronous: each commit is applied and answered on its own. Synchronous
   rounds: each shard sums commits as they arrive (the same CPU cost) and, when all K of the
-  round are in, takes its outer step (``b`` per MB of its slice, once) and sends the K
+  round are in, takes its outer step (``b`` per MB of its slice, once; with compressed
+  replies also encoding the change and rebuilding the view, once) and sends the K
   replies, in arrival order.
 
 Shards are symmetric (every commit reaches every shard, slices are equal), so by default a
@@ -85,6 +88,14 @@ class Calibration:
         ms = self.server_fixed_ms + (self.server_ms_per_mb + self.decode_ms_per_mb[codec]) * slice_mb
         if compressed_replies:
             ms += self.encode_ms_per_mb[codec] * slice_mb
+        return ms
+
+    def round_ms(self, slice_mb: float, codec: str = "none", compressed_replies: bool = False) -> float:
+        """A synchronous round's outer step, once per round: with compressed replies, the change's
+        encoding and the view's rebuild (an encode and a decode) too."""
+        ms = self.server_ms_per_mb * slice_mb
+        if compressed_replies:
+            ms += (self.encode_ms_per_mb[codec] + self.decode_ms_per_mb[codec]) * slice_mb
         return ms
 
     def client_ms(self, model_mb: float, codec: str = "none", compressed_replies: bool = False) -> float:
@@ -165,7 +176,10 @@ def bounds(cfg: "Config", cal: Calibration) -> dict:
     nic_in = nic_seconds_per_window(K, P * host_share, eff_gbit, c)
     nic_out = nic_seconds_per_window(K, P * host_share, eff_gbit, cr)
     speed = shard_speed(cfg)
-    cpu = K * cal.server_ms(P / MB / S, cfg.codec, cfg.compressed_replies) / 1000.0 / speed
+    sync = cfg.mode == "sync"
+    cpu = K * cal.server_ms(P / MB / S, cfg.codec, cfg.compressed_replies and not sync) / 1000.0 / speed
+    if sync:  # the outer step, once per round
+        cpu += cal.round_ms(P / MB / S, cfg.codec, cfg.compressed_replies) / 1000.0 / speed
     worker_nic = nic_seconds_per_window(1, P, eff_gbit, min(c, cr))
     busiest = max(nic_in, nic_out, cpu)
     return {
@@ -247,8 +261,9 @@ def simulate(cfg: Config, cal: Calibration, windows: int = 8, warmup: int = 2, s
     rate = link_rate if link_rate is not None else cfg.gbit * 1e9 / 8.0 * cal.link_efficiency
     sync = cfg.mode == "sync"
     slice_bytes = cfg.model_bytes / S
-    cpu_s = cal.server_ms(slice_bytes / MB, cfg.codec, cfg.compressed_replies) / 1000.0 / shard_speed(cfg)
-    outer_s = cal.server_ms_per_mb * slice_bytes / MB / 1000.0 / shard_speed(cfg)
+    # Synchronous compressed replies are encoded once per round (in the outer step), asynchronous ones per reply.
+    cpu_s = cal.server_ms(slice_bytes / MB, cfg.codec, cfg.compressed_replies and not sync) / 1000.0 / shard_speed(cfg)
+    outer_s = cal.round_ms(slice_bytes / MB, cfg.codec, cfg.compressed_replies) / 1000.0 / shard_speed(cfg)
     client_s = cal.client_ms(cfg.model_bytes / MB, cfg.codec, cfg.compressed_replies) / 1000.0
 
     n_sim = 1 if reduce else S
@@ -461,7 +476,7 @@ def grid(quick: bool = False) -> list[Config]:
 def label(cfg: Config) -> str:
     comp = cfg.codec if cfg.codec != "none" else "fp32"
     if cfg.compressed_replies:
-        comp += "+replies(what-if)"
+        comp += "+replies" if cfg.mode == "sync" else "+replies(what-if)"
     return f"{cfg.hosting} S={cfg.shards} {comp}"
 
 
@@ -585,7 +600,8 @@ def markdown(doc: dict) -> str:
     Ks = sorted({r["workers"] for r in rows})
     for mode in ("async", "sync"):
         out.append(f"Efficiency, {mode}, P = 40 MB, T = 2 s (D = shards on the driver host, one NIC; "
-                   "E = shards on executors, a NIC each; +r = compressed replies, a what-if):")
+                   "E = shards on executors, a NIC each; +r = compressed replies"
+                   + (", a what-if):" if mode == "async" else ", as Compressed(replies=True) sends them):"))
         out.append("")
         head = " | ".join(f"{B:g} Gb/s K={K}" for B in (10.0, 25.0) for K in Ks)
         out.append(f"| config | {head} |")

@@ -87,6 +87,20 @@ def test_compressed_commit_and_replies():
     assert today["bytes_in_per_window"] == P / 2 and today["bytes_out_per_window"] == P
 
 
+def test_synchronous_compressed_replies_are_encoded_once_per_round():
+    enc = {"none": 0.0, "bf16": 0.0, "int8": 1.0}
+    cal = _cal(server_fixed_ms=0.0, server_ms_per_mb=0.0, encode_ms_per_mb=enc, decode_ms_per_mb=enc)
+    P, K = 8 * MB, 64
+    per = {mode: m.bounds(m.Config(K, P, 100.0, 1, "executors", "int8", True, mode), cal)["shard_cpu_s_per_window"]
+           for mode in ("sync", "async")}
+    dense = {mode: m.bounds(m.Config(K, P, 100.0, 1, "executors", "int8", False, mode), cal)["shard_cpu_s_per_window"]
+             for mode in ("sync", "async")}
+    assert per["sync"] - dense["sync"] == pytest.approx(2 * 8 / 1000.0)  # one encode and one decode of 8 MB
+    assert per["async"] - dense["async"] == pytest.approx(K * 8 / 1000.0)  # the what-if: an encode per reply
+    assert "+replies(what-if)" in m.label(m.Config(K, P, 10.0, codec="int8", compressed_replies=True))
+    assert m.label(m.Config(K, P, 10.0, codec="int8", compressed_replies=True, mode="sync")).endswith("int8+replies")
+
+
 def test_many_workers_on_one_link_are_capped_at_its_rate():
     # CPU free, 64 workers with no compute: the driver NIC carries every commit in and out.
     cal = _cal(server_fixed_ms=0.0, server_ms_per_mb=0.0)
