@@ -73,10 +73,11 @@ class Compressed(DistributedOptimizer):
     and round streaming are the inner rule's.
 
     Not done: asynchronous replies stay dense (each worker holds its own center,
-    so a change against it would need the server to keep one view per worker); the residual lives in the worker state of
-    one partition pass and is dropped at its end (so with one commit per pass,
-    the asynchronous default's short-pass setting, error feedback never carries
-    over); with ``norm_guard`` the store measures the encoded arrays, a proxy.
+    so a change against it would need the server to keep one view per worker); the
+    residual lives in the worker state of one partition pass and is dropped at its
+    end (so with one commit per pass, the asynchronous default's short-pass setting,
+    error feedback never carries over); with ``norm_guard`` the store measures the
+    encoded arrays, a proxy.
 
     Shards: the rule is elementwise when its inner rule is; a sharded server's plan
     cuts tensors only at the codec's block ends and splits the encoded layout

@@ -242,6 +242,8 @@ class _Simulation:
         return tree_map(np.copy, self.center if self.view is None else self.view)
 
     def _pull(self, index, k, w, count):
+        if self.view is not None and not any(v.active for v in self.workers.values()):
+            self.view = tree_map(np.copy, self.center)  # an epoch's first pull: the store's view starts at the center
         self.server_state = self.opt.on_pull(self.server_state, tree_map(np.copy, self.center), self.clock, k)
         w.weights = self._served()
         w.pulled = self._served()

@@ -478,3 +478,31 @@ def test_compressed_replies_need_synchronous_rounds():
     assert get(serialize(sync)) == sync and sync != Compressed("modelaveraging", "bf16")
     assert "replies as encoded changes" in sync.describe(2) and sync.reply_codec == sync.codec
     assert sync.for_fit(None, 8, True, 16).replies
+
+
+def test_each_epoch_starts_from_the_exact_center_in_the_store_and_the_simulator():
+    """The view is the center again at an epoch's first pull, in both: a multi-epoch simulated fit is the cluster's."""
+    from elephant.ps.store import Store
+
+    opt = Compressed(get("modelaveraging", window=1), "int8", block=4, replies=True)
+    init = [np.zeros(8, np.float32)]
+    grad = lambda ws: [np.linspace(-1, 1, 8, dtype=np.float32) * 0.37]  # noqa: E731
+    one_epoch = [("pull", 0), ("pull", 1)] + [e for k in (0, 1) for e in (("step", k, 1), ("commit", k))] * 3
+    one_epoch += [("finish", 0), ("finish", 1)]
+    trace = simulate(opt, init, grad, one_epoch + [("pull", 0), ("pull", 1)], mode="synchronous", local_lr=0.3)
+    assert not np.array_equal(trace.workers[0].pulled[0], trace.centers[-2][0])  # the last round's view, rounded
+    np.testing.assert_array_equal(trace.workers[1].pulled[0], trace.center[0])  # the next epoch's pull: exact
+
+    store = Store(init, opt, "synchronous", 2, "run")
+    waits = []
+    for k, scale in ((0, 1 / 3), (1, -1 / 7)):  # the mean of two decoded commits is no int8 step of its own
+        store.pull(k, epoch=0)
+        layout, _ = opt.make_commit(opt.worker_init(init), [np.linspace(0, 1, 8, dtype=np.float32) * scale], init, 1)
+        waits.append(store.submit(CommitKey("run", 0, k, 0), 0, Commit(layout, 1, 1, 0)))
+    reply = waits[0]()
+    assert reply.change is not None and not np.array_equal(reply.center[0], store.center()[0])
+    for k in (0, 1):
+        store.finish("run", 0, k, 0)
+    pulled = store.pull(0, epoch=1)
+    np.testing.assert_array_equal(pulled.center[0], store.center()[0])
+    assert pulled.view == wire.digest(store.center())
