@@ -177,7 +177,7 @@ def bounds(cfg: "Config", cal: Calibration) -> dict:
     nic_out = nic_seconds_per_window(K, P * host_share, eff_gbit, cr)
     speed = shard_speed(cfg)
     sync = cfg.mode == "sync"
-    cpu = K * cal.server_ms(P / MB / S, cfg.codec, cfg.compressed_replies and not sync) / 1000.0 / speed
+    cpu = K * cal.server_ms(P / MB / S, cfg.codec, cfg.encodes_each_reply) / 1000.0 / speed
     if sync:  # the outer step, once per round
         cpu += cal.round_ms(P / MB / S, cfg.codec, cfg.compressed_replies) / 1000.0 / speed
     worker_nic = nic_seconds_per_window(1, P, eff_gbit, min(c, cr))
@@ -212,6 +212,11 @@ class Config:
     mode: str = "async"  # or "sync"
     window_s: float = 2.0
     driver_cores: int = 16
+
+    @property
+    def encodes_each_reply(self) -> bool:
+        """Compressed replies cost an encoding per reply (asynchronous); a synchronous round encodes once."""
+        return self.compressed_replies and self.mode != "sync"
 
 
 def shard_speed(cfg: Config) -> float:
@@ -261,8 +266,7 @@ def simulate(cfg: Config, cal: Calibration, windows: int = 8, warmup: int = 2, s
     rate = link_rate if link_rate is not None else cfg.gbit * 1e9 / 8.0 * cal.link_efficiency
     sync = cfg.mode == "sync"
     slice_bytes = cfg.model_bytes / S
-    # Synchronous compressed replies are encoded once per round (in the outer step), asynchronous ones per reply.
-    cpu_s = cal.server_ms(slice_bytes / MB, cfg.codec, cfg.compressed_replies and not sync) / 1000.0 / shard_speed(cfg)
+    cpu_s = cal.server_ms(slice_bytes / MB, cfg.codec, cfg.encodes_each_reply) / 1000.0 / shard_speed(cfg)
     outer_s = cal.round_ms(slice_bytes / MB, cfg.codec, cfg.compressed_replies) / 1000.0 / shard_speed(cfg)
     client_s = cal.client_ms(cfg.model_bytes / MB, cfg.codec, cfg.compressed_replies) / 1000.0
 

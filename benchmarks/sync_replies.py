@@ -42,7 +42,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from ps_roundtrip import model as _model  # noqa: E402
+
 RUN, TOKEN = "sync-replies", "sync-replies-token"
+TENSORS = 16  # the model's float32 tensors, of equal size
 CONFIGS = {
     "fp32": {"name": "modelaveraging", "config": {"window": 1}},
     "int8": {"name": "compressed", "config": {"inner": {"name": "modelaveraging", "config": {"window": 1}},
@@ -50,18 +53,6 @@ CONFIGS = {
     "int8+r": {"name": "compressed", "config": {"inner": {"name": "modelaveraging", "config": {"window": 1}},
                                                 "codec": "int8", "replies": True}},
 }
-
-
-def model(nbytes: int) -> list[np.ndarray]:
-    """A float32 model of about ``nbytes``: square-ish matrices of up to 1M elements and a bias."""
-    n = max(1, nbytes // 4)
-    tensors, left = [], n
-    while left > 0:
-        rows = min(1024, max(1, left // 1024))
-        cols = min(1024, left) if rows == 1 else 1024
-        tensors.append(np.zeros((rows, cols), np.float32))
-        left -= rows * cols
-    return tensors
 
 
 def _serve() -> None:
@@ -72,7 +63,7 @@ def _serve() -> None:
 
     settings = json.loads(sys.stdin.readline())
     k = settings["workers"]
-    store = Store(model(settings["nbytes"]), get(settings["rule"]), "synchronous", k, RUN)
+    store = Store(_model(settings["nbytes"], TENSORS), get(settings["rule"]), "synchronous", k, RUN)
     app = create_app(store, TOKEN, max_body_bytes=max_body_bytes(store.commit_template))
     with PSServer(app, host=settings["host"], threads=2 * k + 4) as server:
         print(json.dumps({"url": server.url}), flush=True)

@@ -42,7 +42,7 @@ import zlib
 
 import numpy as np
 
-from elephant.errors import ProtocolError
+from elephant.errors import ConfigError, ProtocolError
 from elephant.protocol import Commit, CommitKey, Reply
 
 logger = logging.getLogger(__name__)
@@ -450,8 +450,8 @@ def digest(arrays: Sequence[Any]) -> str:
     a client rebuilding a view checks that it holds the same bits as the server.
     """
     h = _HASHES[CHECKSUM_KEY]()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
+    for i, a in enumerate(arrays):
+        a = _as_wire_array(i, a)  # as it travels: little-endian, C order, 0-d kept 0-d
         h.update(f"{a.dtype.str}{a.shape};".encode())
         h.update(memoryview(a.reshape(-1).view(np.uint8)))
     return h.hexdigest()
@@ -490,7 +490,6 @@ def _str_field(meta: Mapping[str, Any], field: str) -> str:
 
 def _rebuild(meta: Mapping[str, Any], layout: list[np.ndarray], held: tuple[str, Sequence[Any]] | None) -> list:
     """The center a change reply encodes, from the view this client holds; its digest must be the reply's."""
-    from elephant.errors import ConfigError
     from elephant.optimizers.codecs import Codec, apply_change
 
     base, view = _str_field(meta, "delta_of"), _str_field(meta, "view")
