@@ -18,7 +18,7 @@ from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decid
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import adapts_step_size
 
-__all__ = ["COSTS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window", "decide_workers",
+__all__ = ["COSTS", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window", "decide_workers",
            "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning", "plan_fit",
            "window_cap"]
 
@@ -35,6 +35,14 @@ COSTS = {"commit_fixed_ms": 2.0, "commit_ms_per_mb": 4.0, "step_fixed_ms": 1.0, 
 #: many synchronisations per partition pass, and never windows longer than ``MAX_WINDOW`` steps.
 MIN_SYNCS_PER_PASS = 8
 MAX_WINDOW = 128
+#: Accuracy's bound on a round when ``K`` workers split the global batch: at most this many local steps over
+#: all workers (a window of ``ROUND_STEPS // K``, never below the rule's floor). Under the split each worker's
+#: step sees ``1/K`` of the batch, so its noise grows with ``K``; the workers' weights drift apart with that
+#: noise times the steps of the window, and averaging loses what they drift. Measured in the simulator at 8
+#: workers (docs/convergence.md): windows of 35 and 47 steps left a GRU and a Conv2D 11 and 17 points behind
+#: plain Keras after one epoch, windows of 16 steps 5.5 and 2.7; 2 and 4 workers' decided windows (15 to 28)
+#: are below the bound and unchanged.
+ROUND_STEPS = 128
 
 
 def estimate_step_ms(params: int, batch_size: int, cores: int = 1) -> float:
@@ -49,14 +57,15 @@ def estimate_commit_ms(model_bytes: int) -> float:
 
 
 def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: int, budget: float, *,
-                  per_pass: bool = False, min_syncs: int = MIN_SYNCS_PER_PASS,
+                  per_pass: bool = False, workers: int = 1, min_syncs: int = MIN_SYNCS_PER_PASS,
                   max_window: int = MAX_WINDOW) -> int | None:
     """Local steps per commit so that committing costs at most ``budget`` of a worker's time, within accuracy's bounds.
 
     The window is the fewest steps whose compute time is at least
     ``(1 - budget) / budget`` times ``commit_ms``, bounded by accuracy: at least
     ``floor`` (the window the small workloads were measured at) and at most
-    ``steps_per_pass / min_syncs`` and ``max_window`` (fewer synchronisations lose
+    ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
+    the global batch, ``ROUND_STEPS / workers`` (fewer synchronisations lose
     accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``). Where the
     budget needs a longer window than that, accuracy wins and the fit spends more
     than ``budget`` on commits.
@@ -67,13 +76,14 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     if per_pass and steps_per_pass < min_syncs * floor:
         return None
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
-    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window)))
+    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window, workers)))
 
 
 def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,
-               max_window: int = MAX_WINDOW) -> int:
-    """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``."""
-    return max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
+               max_window: int = MAX_WINDOW, workers: int = 1) -> int:
+    """The longest window accuracy allows: ``max_window``, ``min_syncs`` per pass and ``ROUND_STEPS`` over the
+    ``workers`` that split the batch, never below ``floor``."""
+    return max(floor, min(max_window, steps_per_pass // max(min_syncs, 1), ROUND_STEPS // max(workers, 1)))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -112,6 +122,8 @@ class WindowChoice:
         steps_per_pass: local steps in a worker's pass over its partition.
         budget: the share of a worker's time commits may take (``SparkModel(comm_budget=)``).
         measured: whether the costs come from a finished epoch's timings.
+        workers: the workers that split the global batch (1 without the batch split),
+            which bound a round's steps (:data:`ROUND_STEPS`).
     """
 
     window: int | None
@@ -123,18 +135,19 @@ class WindowChoice:
     steps_per_pass: int
     budget: float
     measured: bool
+    workers: int = 1
 
     @classmethod
     def decide(cls, *, floor: int, per_pass: bool, model_bytes: int, step_ms: float, commit_ms: float,
-               steps_per_pass: int, budget: float, measured: bool) -> WindowChoice:
-        window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass)
-        return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured)
+               steps_per_pass: int, budget: float, measured: bool, workers: int = 1) -> WindowChoice:
+        window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass, workers=workers)
+        return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured, workers)
 
     def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
         """The decision from measured costs (a fit that commits every ``window`` steps keeps doing so)."""
         return self.decide(floor=self.floor, per_pass=False, model_bytes=self.model_bytes, step_ms=step_ms,
                            commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
-                           measured=True)
+                           measured=True, workers=self.workers)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,12 +157,14 @@ class WindowChoice:
         steps = self.steps_per_pass if self.window is None else self.window
         share = self.commit_ms / (self.commit_ms + steps * self.step_ms)
         chosen = "one commit per pass" if self.window is None else f"window={self.window} steps"
-        cap = window_cap(self.floor, self.steps_per_pass)
+        cap = window_cap(self.floor, self.steps_per_pass, workers=self.workers)
+        rounds = (f" and a round of {self.workers} workers sharing the batch holds at most {ROUND_STEPS} steps"
+                  if self.workers > 1 else "")
         return (f"{chosen}, decided from {self.model_bytes / 2**20:.2f} MB of weights, "
                 f"{self.step_ms:.2f} ms per local step and {self.commit_ms:.2f} ms per commit ({how}) and "
                 f"{self.steps_per_pass} steps per pass: commits take ~{100 * share:.0f}% of a worker's time "
                 f"(comm_budget={self.budget:g}; windows of {self.floor} to {cap} steps, so that a pass keeps "
-                f"{MIN_SYNCS_PER_PASS} synchronisations where it can; frequency= fixes the window)")
+                f"{MIN_SYNCS_PER_PASS} synchronisations where it can{rounds}; frequency= fixes the window)")
 
 
 def decide_workers(requested: int | None, available: int | None, samples: int | None = None) -> int | None:
@@ -201,11 +216,10 @@ def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_worke
     return (
         f"{type(rule).__name__} with block momentum {beta:g} at {num_workers} workers and an adaptive local "
         f"optimizer: its steady step is {1 / (1 - beta):g} times the workers' mean progress, and "
-        "benchmarks/outer_step.py measured the synchronous default at 8 workers 17 and 5 points behind plain Keras "
-        "after one and two epochs on the 4.3 MB Conv2D task trained with RMSprop, and 11 and 1 behind on the GRU "
-        "trained with Adam (simulator, one seed; outer_momentum=1 - 1/sqrt(8) = 0.65: 2.9 behind on the Conv2D "
-        "after two). Train more epochs, pass optimizer={'name': 'modelaveraging', 'config': "
-        f"{{'outer_momentum': {1 - 1 / math.sqrt(num_workers):.2f}}}}} or use fewer workers."
+        "benchmarks/convergence.py measured the synchronous default at 8 workers (windows of 16 steps) 5.5 and 3.5 "
+        "points behind plain Keras after a first epoch on a GRU trained with Adam (two seeds) and 2.7 on a Conv2D "
+        "trained with RMSprop, within 1.8 after the second (simulator). Check the first epochs against a short plain "
+        "Keras run, train more epochs or use fewer workers."
     )
 
 
@@ -327,7 +341,8 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
     if settings.frequency is None and settings.optimizer.adapts_window and samples:
         choice = WindowChoice.decide(
             floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=step_ms,
-            commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False)
+            commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False,
+            workers=num_workers if split else 1)
         window = choice.window
     steps = window or steps_per_pass
     interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0

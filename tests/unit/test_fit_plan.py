@@ -7,7 +7,7 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, FitPlan, WindowChoice, decide_window, decide_workers,
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_STEPS, FitPlan, WindowChoice, decide_window, decide_workers,
                                estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
 
 
@@ -70,6 +70,30 @@ def test_the_plan_describes_a_split_batch_and_the_overlap():
 ])
 def test_decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass, expected):
     assert decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass) == expected
+
+
+@pytest.mark.parametrize("workers, expected", [
+    (1, 32),    # no split: the budget's 32 steps
+    (2, 32),    # 2 and 4 workers: below ROUND_STEPS / K (64, 32), unchanged
+    (4, 32),
+    (8, ROUND_STEPS // 8),   # 8 workers splitting the batch: a round holds at most ROUND_STEPS steps
+    (16, 8),    # ... and never below the rule's floor
+    (64, 8),
+])
+def test_a_round_of_workers_splitting_the_batch_is_bounded_in_steps(workers, expected):
+    assert decide_window(8, 12.0, 20.0, 100_000, 0.05, workers=workers) == expected
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == 32  # the floor wins
+
+
+def test_the_round_bound_applies_only_when_the_batch_is_split():
+    big = _model(width=512, features=256)
+    split = plan_fit(Settings(mode="synchronous", comm_budget=0.02), big, 8, 64, samples=800_000)
+    assert split.window == ROUND_STEPS // 8 and split.window_choice.workers == 8
+    assert f"at most {ROUND_STEPS} steps" in split.window_choice.describe()
+    full = plan_fit(Settings(mode="synchronous", comm_budget=0.02, batch_split=False), big, 8, 64, samples=800_000)
+    assert full.window > ROUND_STEPS // 8 and full.window_choice.workers == 1
+    measured = split.rechecked([{"steps": 1000, "commits": 50, "seconds": 3.0, "comm_seconds": 2.0}])  # 1, 40 ms
+    assert measured.window_choice.measured and measured.window == ROUND_STEPS // 8  # the bound holds on re-check
 
 
 def test_decided_windows_keep_commits_within_the_budget_unless_accuracy_caps_them():
@@ -159,5 +183,5 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
     found = [w for w in plan.warnings(settings["mode"]) if "block momentum" in w]
     assert bool(found) == warned
     if warned:
-        assert "block momentum 0.75 at 8 workers" in found[0] and "17 and 5 points behind" in found[0]
-        assert "'outer_momentum': 0.65" in found[0]
+        assert "block momentum 0.75 at 8 workers" in found[0] and "5.5 and 3.5 points behind" in found[0]
+        assert "fewer workers" in found[0]

@@ -1,0 +1,107 @@
+"""What the batch split costs in compute before anything is sent: one local step of a worker
+against one step of plain Keras on the same cores.
+
+With the batch split, each of ``K`` workers trains batches of ``B/K`` on ``1/K`` of the
+cores and takes as many steps per epoch as plain Keras does with ``B`` on all of them.
+If a step's cost were proportional to its samples and its cores, the two would take the
+same time; this script measures how far they are from that. It times the optimizer's
+update too: every replica updates every weight at every step, whatever its batch, so an
+optimizer with state (Adam) and one without (SGD) are both measured, to tell that cost
+from the forward and backward passes'.
+
+For the 4.8 MB teacher MLP of ``workloads.py`` (128-1024-1024-10), this script times
+``model.fit`` over the same number of steps in fresh processes:
+
+* plain Keras: batch ``B`` on ``C`` threads;
+* one worker of ``K = 2``: batch ``B/2`` on ``C/2`` threads;
+
+each with the workload's ``Adam(1e-3)`` and with plain ``SGD(1e-3)`` (no state), and
+prints the ratio of the worker's step to plain Keras' step. A ratio of 1.0 means the
+split costs nothing; two workers then finish an epoch in plain Keras' time before
+communication.
+
+Run::
+
+    python benchmarks/step_cost.py [--batch 64] [--threads 2] [--steps 300] [--repeats 3]
+
+Writes ``benchmarks/results/step_cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+
+def _one(batch: int, threads: int, optimizer: str, steps: int) -> float:
+    """Median seconds per step of ``model.fit`` (run in a child process: thread counts are per process)."""
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    opt = keras.optimizers.Adam(1e-3) if optimizer == "adam" else keras.optimizers.SGD(1e-3)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (batch * steps, 128)).astype("float32")
+    y = rng.integers(0, 10, batch * steps)
+    model.fit(x[: batch * 20], y[: batch * 20], batch_size=batch, epochs=1, verbose=0, shuffle=False)  # trace
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+        times.append((time.perf_counter() - t) / steps)
+    return sorted(times)[1]
+
+
+def _spawn(batch: int, threads: int, optimizer: str, steps: int) -> float:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run([sys.executable, __file__, "--child", str(batch), str(threads), optimizer, str(steps)],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main(args) -> None:
+    half_batch, half_threads = -(-args.batch // 2), max(args.threads // 2, 1)
+    rows = []
+    for optimizer in ("adam", "sgd"):
+        plain, worker = [], []
+        for _ in range(args.repeats):  # alternate, so that a change of load hits both
+            plain.append(_spawn(args.batch, args.threads, optimizer, args.steps))
+            worker.append(_spawn(half_batch, half_threads, optimizer, args.steps))
+        p, w = sorted(plain)[len(plain) // 2], sorted(worker)[len(worker) // 2]
+        rows.append({"optimizer": optimizer, "plain_ms": p * 1e3, "worker_ms": w * 1e3, "ratio": w / p,
+                     "plain_all": plain, "worker_all": worker})
+        print(f"{optimizer:5s} plain Keras batch {args.batch} on {args.threads} threads {p * 1e3:6.2f} ms/step; "
+              f"a worker of 2, batch {half_batch} on {half_threads} {w * 1e3:6.2f} ms/step: {w / p:.2f}x", flush=True)
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%d %H:%M"), "batch": args.batch, "threads": args.threads, "steps": args.steps,
+            "model": "128-1024-1024-10 MLP, 1.18M parameters (4.8 MB)"}
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "step_cost.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    main(parser.parse_args())
