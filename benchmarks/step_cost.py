@@ -51,8 +51,9 @@ def _one(batch: int, threads: int, optimizer: str, steps: int) -> float:
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(1024, activation="relu"),
-                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    dense = keras.layers.Dense
+    model = keras.Sequential([keras.Input((128,)), dense(1024, activation="relu"), dense(1024, activation="relu"),
+                              dense(10, activation="softmax")])
     opt = keras.optimizers.Adam(1e-3) if optimizer == "adam" else keras.optimizers.SGD(1e-3)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)

@@ -18,9 +18,9 @@ from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decid
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import adapts_step_size
 
-__all__ = ["COSTS", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window", "decide_workers",
-           "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning", "plan_fit",
-           "window_cap"]
+__all__ = ["COSTS", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window",
+           "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning",
+           "plan_fit", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about

@@ -7,8 +7,8 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_STEPS, FitPlan, WindowChoice, decide_window, decide_workers,
-                               estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_STEPS, FitPlan, WindowChoice, decide_window,
+                               decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
 
 
 def _model(width: int = 8, features: int = 4):
