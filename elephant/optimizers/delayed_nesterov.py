@@ -50,7 +50,8 @@ class DelayedNesterov(DistributedOptimizer):
 
     On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
     commits every ``window`` steps instead, the window decided from the fit's
-    costs (32 to 128 steps, 8 commits per pass or more), because one outer step
+    costs (32 to 128 steps, at most 128/K with K workers but never below 32;
+    8 commits per pass or more), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block
     momentum it lands ``1 + β`` times the workers' mean progress away from the
     start. Such windowed fits run without outer momentum
