@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -44,10 +45,10 @@ RESULTS = os.path.join(HERE, "results")
 def _one(batch: int, threads: int, optimizer: str, steps: int) -> float:
     """Median seconds per step of ``model.fit`` (run in a child process: thread counts are per process)."""
     import numpy as np
-    import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    from elephant.replicas import limit_threads
+
+    limit_threads(threads)  # as a worker of a task with ``threads`` cores caps them
     import keras
 
     keras.utils.set_random_seed(0)
@@ -65,7 +66,7 @@ def _one(batch: int, threads: int, optimizer: str, steps: int) -> float:
         t = time.perf_counter()
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
         times.append((time.perf_counter() - t) / steps)
-    return sorted(times)[1]
+    return statistics.median(times)
 
 
 def _spawn(batch: int, threads: int, optimizer: str, steps: int) -> float:
@@ -83,7 +84,7 @@ def main(args) -> None:
         for _ in range(args.repeats):  # alternate, so that a change of load hits both
             plain.append(_spawn(args.batch, args.threads, optimizer, args.steps))
             worker.append(_spawn(half_batch, half_threads, optimizer, args.steps))
-        p, w = sorted(plain)[len(plain) // 2], sorted(worker)[len(worker) // 2]
+        p, w = statistics.median(plain), statistics.median(worker)
         rows.append({"optimizer": optimizer, "plain_ms": p * 1e3, "worker_ms": w * 1e3, "ratio": w / p,
                      "plain_all": plain, "worker_all": worker})
         print(f"{optimizer:5s} plain Keras batch {args.batch} on {args.threads} threads {p * 1e3:6.2f} ms/step; "
