@@ -16,6 +16,7 @@ Training replicas and their weight access are cached per Python worker process
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -216,6 +217,25 @@ def inject_fault(fault: str, partition: int, step: int) -> None:
     if fields.get("kind", "raise") == "exit":
         os._exit(13)
     raise RuntimeError(f"injected fault in partition {partition} at step {step}")
+
+
+def shuffle_key(seed: int | None, weights: list) -> str:
+    """What seeds the workers' per-epoch shuffles: the fit's seed and the weights it starts from.
+
+    The same seed from the same weights replays the same orders (a model built
+    again with the same seed included: layer names play no part), so a fit is
+    as reproducible as its rounds' timing allows, and
+    :func:`~elephant.optimizers.simulate_fit` replays a Spark fit's orders; a
+    later fit of the same model starts from other weights and shuffles anew,
+    as a second ``model.fit`` does. A seed of None gives "": the run id then
+    seeds the shuffles, new at every fit.
+    """
+    if seed is None:
+        return ""
+    digest = hashlib.blake2b(digest_size=8)
+    for w in weights:
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return f"seed{seed}/{digest.hexdigest()}"
 
 
 def shuffle_seed(key: str, epoch: int, partition: int) -> int:

@@ -11,7 +11,6 @@ about itself goes into the caller's :class:`~elephant.fit.report.FitReport`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import secrets
@@ -35,7 +34,7 @@ from elephant.fit.report import FitReport
 from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.sources import Source, source
-from elephant.worker import TaskSpec
+from elephant.worker import TaskSpec, shuffle_key
 
 log = logging.getLogger(__name__)
 
@@ -130,23 +129,6 @@ def settable_learning_rate(local: Any) -> float | None:
     return float(np.asarray(keras.ops.convert_to_numpy(rate)))
 
 
-def _shuffle_key(seed: int | None, weights: list) -> str:
-    """What seeds the workers' per-epoch shuffles: the fit's seed and the weights it starts from.
-
-    The same seed from the same weights replays the same orders (a model built
-    again with the same seed included: layer names play no part), so a fit is
-    as reproducible as its rounds' timing allows; a later fit of the same model
-    starts from other weights and shuffles anew, as a second ``model.fit``
-    does. A seed of None leaves the shuffles to the run id, new at every fit.
-    """
-    if seed is None:
-        return ""
-    digest = hashlib.blake2b(digest_size=8)
-    for w in weights:
-        digest.update(np.ascontiguousarray(w).tobytes())
-    return f"seed{seed}/{digest.hexdigest()}"
-
-
 def follow_learning_rate(local, previous: float | None, store) -> float | None:
     """The compiled optimizer's rate for this epoch; a change since the last one is passed to the rule.
 
@@ -218,7 +200,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                                                          shards)
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
-    shuffle_key = _shuffle_key(settings.seed, model.get_weights())
+    key = shuffle_key(settings.seed, model.get_weights())
     structure = replica_structure(model, custom_objects)
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
@@ -256,7 +238,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
                 learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
-                shuffle_key=shuffle_key, **sharded,
+                shuffle_key=key, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):

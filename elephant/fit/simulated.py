@@ -7,7 +7,8 @@ and epochs, as a cached worker model keeps them), trained on one model rebuilt
 from the model's ``.keras`` archive exactly as a Spark task rebuilds it and
 shared by the workers in turn (or one model each, ``share_model=False``). The
 data are split into the same shards as :meth:`elephant.SparkModel.fit` splits numpy
-input, each worker reshuffles its shard every epoch and commits after every
+input, each worker reshuffles its shard every epoch (in the orders a Spark fit
+with the same seed trains) and commits after every
 ``window`` steps plus a flushed partial window, and the workers are interleaved
 as equally fast machines would be (``schedules.timed``; give ``step_times`` for
 heterogeneous ones). Nothing but the model and numpy is needed: no Spark, no
@@ -23,7 +24,7 @@ this function too (imported on first use: the optimizers stay numpy-only).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
+from elephant.worker import shuffle_key, shuffle_seed
 
 __all__ = ["simulate_fit", "FitTrace"]
 
@@ -131,10 +133,11 @@ class _Engine:
 class _Replica:
     """One simulated worker: its shard, reshuffled every epoch, and its turns on a Keras model."""
 
-    def __init__(self, engine: _Engine, x, y, batch_size: int, rng: np.random.Generator, shuffle: bool):
+    def __init__(self, engine: _Engine, x, y, batch_size: int, orders: Callable[[int, int], np.ndarray] | None):
         self.engine, self.x, self.y = engine, x, y
-        self.batch_size, self.rng, self.shuffle = batch_size, rng, shuffle
+        self.batch_size, self.orders = batch_size, orders  # orders(epoch, n): a pass's shuffle; None: no shuffle
         self.n = D.num_samples(x)
+        self.epoch = -1
         self.order = np.arange(self.n)
         self.position = self.n  # the first step starts a pass
         self.count = len(engine.model.weights)  # what get_weights returns, without copying it
@@ -144,7 +147,8 @@ class _Replica:
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
-            self.order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
+            self.epoch += 1
+            self.order = self.orders(self.epoch, self.n) if self.orders else np.arange(self.n)
             self.position = 0
             self.queue.append(("pass", None))
         if weights is not self.live:  # a pull or a reply replaced the local weights
@@ -167,6 +171,14 @@ class _Replica:
                 run.step((D.take(self.x, value), D.take(self.y, value), None))
         self.queue.clear()
         return run.get_weights()
+
+
+def _orders(key: str, partition: int) -> Callable[[int, int], np.ndarray]:
+    """A worker's shuffle in every epoch: with a seed, the very orders ``SparkModel(seed=seed).fit`` trains."""
+    if not key:  # no seed: new orders every fit, as a Spark fit's run id gives
+        rng = np.random.default_rng()
+        return lambda epoch, n: rng.permutation(n)
+    return lambda epoch, n: np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
 
 
 def _keras_step(weights, replica: _Replica, slots):
@@ -204,7 +216,10 @@ def simulate_fit(
         epochs, batch_size, shuffle: as in ``fit``.
         mode, optimizer, frequency: as in ``SparkModel`` (same defaults).
         num_workers: simulated workers. Default 2.
-        seed: shard split seed, also seeds the per-epoch shuffles. Default 0.
+        seed: shard split seed, also seeds the per-epoch shuffles: with the
+            same seed and starting weights each worker trains the samples of
+            its partition in a Spark fit, in the same order (so the two differ
+            by floating point and the rounds' timing only). Default 0.
         validation_data: ``(x_val, y_val)``; the center is evaluated on it after
             every epoch and the results go to ``history`` as ``val_*``.
         step_times: time per local step for each worker (default: all equal).
@@ -237,12 +252,12 @@ def simulate_fit(
     global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
-    rng = np.random.default_rng(None if seed is None else seed + 1)
     engine = _Engine(model_from_bytes(archive, custom_objects)) if share_model else None
+    key = shuffle_key(seed, model.get_weights())
     replicas = [
         _Replica(engine or _Engine(model_from_bytes(archive, custom_objects)), sx, sy, batch_size,
-                 np.random.default_rng(rng.integers(2**32)), shuffle)
-        for sx, sy in shards
+                 _orders(key, k) if shuffle else None)
+        for k, (sx, sy) in enumerate(shards)
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers
     if len(times) != num_workers:

@@ -426,8 +426,6 @@ def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
 
 def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
     """Two fits with the same seed from the same weights train the same orders; the run id no longer matters."""
-    from elephant.fit.loop import _shuffle_key
-
     model = tiny_model()
     model_bytes = model_to_bytes(model)
 
@@ -437,15 +435,36 @@ def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
         worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
         return store.center()
 
-    key = _shuffle_key(0, model.get_weights())
+    key = worker.shuffle_key(0, model.get_weights())
     for a, b in zip(center("run-a", key), center("run-b", key), strict=True):
         np.testing.assert_array_equal(a, b)
-    other = center("run-a", _shuffle_key(1, model.get_weights()))
+    other = center("run-a", worker.shuffle_key(1, model.get_weights()))
     assert any((a != b).any() for a, b in zip(center("run-a", key), other, strict=True))
-    assert _shuffle_key(0, tiny_model().get_weights()) == key  # built again, other layer names: the same orders
+    assert worker.shuffle_key(0, tiny_model().get_weights()) == key  # built again, other layer names: the same orders
     trained = [w + 1 for w in model.get_weights()]
-    assert _shuffle_key(0, trained) != key  # a later fit starts from other weights and shuffles anew
-    assert _shuffle_key(None, model.get_weights()) == ""  # no seed: the run id, new every fit
+    assert worker.shuffle_key(0, trained) != key  # a later fit starts from other weights and shuffles anew
+    assert worker.shuffle_key(None, model.get_weights()) == ""  # no seed: the run id, new every fit
+
+
+def test_the_simulator_trains_the_orders_of_a_spark_fit_with_the_same_seed(linear_data):
+    """simulate_fit shards and shuffles as SparkModel(seed=).fit does from the same weights: the same centers."""
+    from elephant.data import split_numpy
+    from elephant.optimizers import simulate_fit
+
+    x, y = linear_data
+    model = tiny_model()
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-a")
+    spec = dataclasses.replace(_spec(model_to_bytes(model), "run-a", window=1, batch_size=16), shuffle=True,
+                               shuffle_key=worker.shuffle_key(3, model.get_weights()))
+    worker.run_partition(spec, 0, 1, split_numpy(x, y, 1, seed=3), RecordingClient(store))
+
+    def simulated(seed):
+        return simulate_fit(tiny_model(), x, y, epochs=1, batch_size=16, optimizer=O.Downpour(window=1),
+                            num_workers=1, seed=seed).centers[-1]
+
+    for got, want in zip(simulated(3), store.center(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(simulated(4), store.center(), strict=True))
 
 
 def _adam_at(seed, rate):
