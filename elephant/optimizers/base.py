@@ -191,6 +191,7 @@ class DistributedOptimizer:
     reply_codec: ClassVar[Any] = None
 
     def __init__(self, window: int | None = None, staleness_bound: int | None = None):
+        self._window_given = window is not None  # a window the user chose is never re-decided, even the default's
         if window is None and self.default_window is None:
             self.window: int | None = None  # one commit per partition pass
         else:
@@ -316,7 +317,10 @@ class DistributedOptimizer:
     @property
     def adapts_window(self) -> bool:
         """Whether a fit decides this rule's window from its costs (see :attr:`window_from_costs`)."""
-        return self.window_from_costs is not None and self.window == self.default_window
+        given = getattr(self, "_window_given", None)
+        if given is None:  # a subclass that set its window without DistributedOptimizer.__init__
+            given = self.window != self.default_window
+        return self.window_from_costs is not None and not given
 
     def for_fit(self, local: Any, num_workers: int, batch_split: bool, window: int | None) -> DistributedOptimizer:
         """This rule as it will run in one fit: settings left to "auto" resolved.
@@ -404,8 +408,16 @@ def registered_names(aliases: bool = False) -> list[str]:
 
 
 def serialize(optimizer: DistributedOptimizer) -> dict[str, Any]:
-    """``{"name": ..., "config": {...}}``, accepted back by :func:`get`."""
-    return {"name": optimizer.name, "config": optimizer.get_config()}
+    """``{"name": ..., "config": {...}}``, accepted back by :func:`get`.
+
+    The window of a rule that decides it from the fit's costs (it was not
+    given one: :attr:`DistributedOptimizer.adapts_window`) is left out, so that
+    the rule read back still decides it.
+    """
+    config = optimizer.get_config()
+    if optimizer.adapts_window:
+        config.pop("window", None)
+    return {"name": optimizer.name, "config": config}
 
 
 def deserialize(config: Mapping[str, Any]) -> DistributedOptimizer:

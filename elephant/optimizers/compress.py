@@ -139,6 +139,7 @@ class Compressed(DistributedOptimizer):
         self.elementwise = inner.elementwise  # shards decode their slices (the plan cuts at block ends)
         self.window_from_costs = inner.window_from_costs
         self.window = inner.window
+        self._window_given = inner._window_given
         self.staleness_bound = inner.staleness_bound
 
     @property

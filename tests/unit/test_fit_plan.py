@@ -9,6 +9,7 @@ from elephant.config import Settings
 from elephant.errors import ConfigError
 from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_STEPS, FitPlan, WindowChoice, decide_window,
                                decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
+from elephant.optimizers import Compressed, ModelAveraging
 
 
 def _model(width: int = 8, features: int = 4):
@@ -135,6 +136,16 @@ def test_the_defaults_decide_their_window_and_frequency_wins():
     pinned = plan_fit(Settings(mode="synchronous", optimizer={"name": "modelaveraging", "config": {"window": 5}}),
                       big, 2, 64, samples=200_000)
     assert pinned.window == 5 and pinned.window_choice is None  # a rule given its own window keeps it
+    for given in ({"name": "modelaveraging", "config": {"window": 8}}, ModelAveraging(window=8)):
+        default_value = plan_fit(Settings(mode="synchronous", optimizer=given), big, 2, 64, samples=200_000)
+        assert default_value.window == 8 and default_value.window_choice is None  # even the default's own value
+    assert not Compressed(inner={"name": "modelaveraging", "config": {"window": 8}}).adapts_window
+    assert Compressed(inner="modelaveraging").adapts_window
+    pinned_default = Settings(mode="synchronous", optimizer=ModelAveraging(window=8))
+    for settings, adapts in ((Settings(mode="synchronous"), True), (pinned_default, False)):
+        again = Settings.from_config(settings.to_config())  # as SparkModel.save and elephant.load carry them
+        assert again.optimizer.adapts_window is adapts
+        assert (plan_fit(again, big, 2, 64, samples=200_000).window_choice is not None) is adapts
     named = plan_fit(Settings(mode="asynchronous", optimizer="downpour"), big, 2, 64, samples=200_000)
     assert named.window == 1 and named.window_choice is None  # rules without a cost decision keep theirs
     unknown = plan_fit(Settings(mode="synchronous"), big, 2, 64)
