@@ -218,8 +218,9 @@ def simulate_fit(
         num_workers: simulated workers. Default 2.
         seed: shard split seed, also seeds the per-epoch shuffles: with the
             same seed and starting weights each worker trains the samples of
-            its partition in a Spark fit, in the same order (so the two differ
-            by floating point and the rounds' timing only). Default 0.
+            its partition in a Spark fit, in the same order (the two then
+            differ by floating point, the interleaving of asynchronous commits
+            and a window Spark re-decides from its timings). Default 0.
         validation_data: ``(x_val, y_val)``; the center is evaluated on it after
             every epoch and the results go to ``history`` as ``val_*``.
         step_times: time per local step for each worker (default: all equal).
