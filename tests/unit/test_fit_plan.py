@@ -196,3 +196,22 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
     if warned:
         assert "block momentum 0.75 at 8 workers" in found[0] and "5.5 and 3.5 points behind" in found[0]
         assert "fewer workers" in found[0]
+
+
+@pytest.mark.parametrize("workers, model, samples, settings, warned", [
+    (4, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # windows of 32: measured 20-30 points behind
+    (8, _adam_model, 100_000, {"mode": "asynchronous"}, True),
+    (2, _adam_model, 100_000, {"mode": "asynchronous"}, False),   # measured within the target at 2 workers
+    (4, _model, 100_000, {"mode": "asynchronous"}, False),        # SGD: the Conv1D task held at 4 and 8 workers
+    (4, _adam_model, 4_000, {"mode": "asynchronous"}, False),     # one commit per short pass
+    (4, _adam_model, 100_000, {"mode": "asynchronous", "optimizer": "downpour"}, False),
+    (8, _adam_model, 100_000, {"mode": "synchronous"}, False),    # the synchronous rounds have their own warning
+])
+def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_warned_about(workers, model, samples,
+                                                                                          settings, warned):
+    plan = plan_fit(Settings(**settings), model(), workers, 64, samples=samples)
+    found = [w for w in plan.warnings(settings["mode"]) if "Asynchronous windows" in w]
+    assert bool(found) == warned
+    if warned:
+        assert f"at {workers} workers" in found[0] and "20 to 30 points behind" in found[0]
+        assert "mode='synchronous'" in found[0]
