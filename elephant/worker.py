@@ -249,6 +249,11 @@ def shuffle_seed(key: str, epoch: int, partition: int) -> int:
     return zlib.crc32(f"{key}/{epoch}/{partition}".encode())
 
 
+def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
+    """The order in which a partition of ``n`` samples is trained in one epoch (seeded by :func:`shuffle_seed`)."""
+    return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
+
+
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
     """One pass over the block with Keras' compiled train step; commits via ``window``.
 
@@ -260,7 +265,7 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) 
     """
     n = D.num_samples(x)
     if spec.shuffle:  # seeded: a retried task replays the samples of the attempt it replaces, in order
-        order = np.random.default_rng(shuffle_seed(spec.shuffle_key or spec.run, spec.epoch, window.partition)).permutation(n)
+        order = shuffle_order(spec.shuffle_key or spec.run, spec.epoch, window.partition, n)
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}

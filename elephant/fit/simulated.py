@@ -24,7 +24,8 @@ this function too (imported on first use: the optimizers stay numpy-only).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
-from elephant.worker import shuffle_key, shuffle_seed
+from elephant.worker import shuffle_key, shuffle_order
 
 __all__ = ["simulate_fit", "FitTrace"]
 
@@ -133,9 +134,9 @@ class _Engine:
 class _Replica:
     """One simulated worker: its shard, reshuffled every epoch, and its turns on a Keras model."""
 
-    def __init__(self, engine: _Engine, x, y, batch_size: int, orders: Callable[[int, int], np.ndarray] | None):
+    def __init__(self, engine: _Engine, x, y, batch_size: int, shuffle_key: str | None, partition: int):
         self.engine, self.x, self.y = engine, x, y
-        self.batch_size, self.orders = batch_size, orders  # orders(epoch, n): a pass's shuffle; None: no shuffle
+        self.batch_size, self.shuffle_key, self.partition = batch_size, shuffle_key, partition  # key None: no shuffle
         self.n = D.num_samples(x)
         self.epoch = -1
         self.order = np.arange(self.n)
@@ -148,7 +149,8 @@ class _Replica:
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
             self.epoch += 1
-            self.order = self.orders(self.epoch, self.n) if self.orders else np.arange(self.n)
+            self.order = (np.arange(self.n) if self.shuffle_key is None
+                          else shuffle_order(self.shuffle_key, self.epoch, self.partition, self.n))
             self.position = 0
             self.queue.append(("pass", None))
         if weights is not self.live:  # a pull or a reply replaced the local weights
@@ -171,14 +173,6 @@ class _Replica:
                 run.step((D.take(self.x, value), D.take(self.y, value), None))
         self.queue.clear()
         return run.get_weights()
-
-
-def _orders(key: str, partition: int) -> Callable[[int, int], np.ndarray]:
-    """A worker's shuffle in every epoch: with a seed, the very orders ``SparkModel(seed=seed).fit`` trains."""
-    if not key:  # no seed: new orders every fit, as a Spark fit's run id gives
-        rng = np.random.default_rng()
-        return lambda epoch, n: rng.permutation(n)
-    return lambda epoch, n: np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
 
 
 def _keras_step(weights, replica: _Replica, slots):
@@ -254,10 +248,10 @@ def simulate_fit(
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
     engine = _Engine(model_from_bytes(archive, custom_objects)) if share_model else None
-    key = shuffle_key(seed, model.get_weights())
+    # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
+    key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None
     replicas = [
-        _Replica(engine or _Engine(model_from_bytes(archive, custom_objects)), sx, sy, batch_size,
-                 _orders(key, k) if shuffle else None)
+        _Replica(engine or _Engine(model_from_bytes(archive, custom_objects)), sx, sy, batch_size, key, k)
         for k, (sx, sy) in enumerate(shards)
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers
