@@ -30,7 +30,8 @@ __all__ = ["DEFAULT_OPTIMIZERS", "FitArgs", "Settings", "check_frequency", "chec
 
 #: The distributed optimizer of each mode when ``SparkModel(optimizer=None)``; chosen by
 #: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
-#: progress through an outer Nesterov step and split the batch among the workers.
+#: progress, split the batch among the workers and either take an outer Nesterov step (SGD)
+#: or, at 2 to 4 workers, train them at ``√K`` times an adaptive optimizer's rate (Adam, RMSprop...).
 DEFAULT_OPTIMIZERS = {"synchronous": "modelaveraging", "asynchronous": "delayednesterov", "hogwild": "downpour"}
 
 

@@ -69,7 +69,10 @@ class SparkModel:
         optimizer: a name, config dict or :class:`elephant.optimizers.DistributedOptimizer`;
             None (default) means model averaging with block momentum in
             synchronous mode, :class:`~elephant.optimizers.DelayedNesterov` in
-            asynchronous mode and DOWNPOUR in hogwild mode.
+            asynchronous mode and DOWNPOUR in hogwild mode; under an adaptive
+            optimizer (Adam, RMSprop...) and 2 to 4 workers the first two train the workers at
+            ``√K`` times its learning rate instead of the block momentum
+            (``sqrt_scaling``; the model keeps its rate).
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.
         spark: a SparkSession; default: the active one, else an embedded local one.

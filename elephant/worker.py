@@ -37,7 +37,7 @@ from elephant.replicas import keep_optimizer_state, limit_threads, training_repl
 log = logging.getLogger(__name__)
 
 
-__all__ = ["TaskSpec", "run_partition"]
+__all__ = ["TaskSpec", "run_partition", "train_at_rate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,7 @@ class TaskSpec:
     shard_plan: dict[str, list] | None = None  # the ShardPlan's as_data() when ``ps_urls`` holds several
     last_epoch: bool = False  # the fit's last: no next epoch to leave the optimizer state for
     shuffle_key: str = ""  # what seeds the partitions' shuffles with the epoch ("": ``run``, new every fit)
+    learning_rate_scale: float = 1.0  # the plan's factor on the compiled rate (FitPlan.learning_rate_scale)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -77,6 +78,44 @@ class TaskSpec:
     def commit_run(self) -> str:
         """The run id of this task's commit keys and finish."""
         return self.ps_run or self.run
+
+
+class _ScaledRate:
+    """A learning rate schedule (or a rate callable) times a factor, as a callable Keras calls for the rate."""
+
+    def __init__(self, base, scale: float, iterations):
+        self.base, self.scale, self.iterations = base, scale, iterations
+
+    def __call__(self):
+        import keras
+
+        if isinstance(self.base, keras.optimizers.schedules.LearningRateSchedule):
+            return self.base(self.iterations) * self.scale
+        return self.base() * self.scale
+
+
+def train_at_rate(optimizer, rate: float | None, scale: float = 1.0) -> None:
+    """Make a replica's Keras optimizer train at the driver's ``rate`` times ``scale``.
+
+    ``rate`` is what callbacks set on the driver's model this epoch (None: a
+    schedule or a callable, which is kept and, with ``scale`` other than 1,
+    wrapped once so that it yields ``scale`` times its value; the fit keys such
+    replicas by the scale, so a wrapped one never serves another scale).
+    """
+    if rate is not None:
+        optimizer.learning_rate = rate * scale
+        return
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's rate is its inner one's
+    current = getattr(inner, "_learning_rate", None)
+    if scale == 1.0 or current is None or isinstance(current, _ScaledRate):
+        return
+    inner.learning_rate = _ScaledRate(current, scale, inner.iterations)
+
+
+def _current_rate(optimizer) -> float:
+    import keras
+
+    return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
 
 def _batch_sizes(n: int, batch_size: int) -> np.ndarray:
@@ -312,8 +351,8 @@ def run_partition(
         return [base]
     x, y, w = D.unpack(block)
     model, optimizer_state = training_replica(spec, partition)
-    if spec.learning_rate is not None:  # what callbacks set on the driver's model this epoch
-        model.optimizer.learning_rate = spec.learning_rate
+    train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
+    rate = _current_rate(model.optimizer)  # at the pass's first step
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)
     try:
@@ -332,6 +371,7 @@ def run_partition(
             commits=window.commits,
             diverged_at=window.diverged_at,
             optimizer_state=optimizer_state,
+            learning_rate=rate,
             logs=logs,
             weight_sum=n if w is None else float(np.sum(w)),
             weighted_keys=weighted_metric_keys(model),

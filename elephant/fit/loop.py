@@ -202,6 +202,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     fingerprint = model_fingerprint(model)
     key = shuffle_key(settings.seed, model.get_weights())
     structure = replica_structure(model, custom_objects)
+    if structure and plan.learning_rate_scale != 1.0 and settable_learning_rate(model.optimizer) is None:
+        structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
         def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it
@@ -238,7 +240,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
                 learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
-                shuffle_key=key, **sharded,
+                shuffle_key=key, learning_rate_scale=plan.learning_rate_scale, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):
@@ -256,6 +258,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 log.info("the tasks ran on %s", task_devices(results))
             states = {r["partition"]: r["optimizer_state"] for r in results if "optimizer_state" in r}
             report.optimizer_states.append(states)
+            report.learning_rates.append({r["partition"]: r["learning_rate"] for r in results if "learning_rate" in r})
             stale = sorted(p for p, source in states.items() if source == "stale")
             if stale:
                 log.info("epoch %d: partitions %s trained from an older optimizer state than their last epoch's (their "

@@ -257,6 +257,9 @@ class FitPlan:
             costs, or None when ``frequency`` or the rule fixed it.
         adaptive: whether the model's optimizer adapts its step size (Adam, RMSprop...).
         shard_choice: how many parameter-server shards serve the fit, and why (None: one).
+        learning_rate_scale: the factor on the compiled learning rate the workers train
+            with (``rule.local_rate_scale``: ``√K`` for the averaging defaults under an
+            adaptive optimizer on the split batch; 1: as compiled).
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
     """
@@ -272,6 +275,7 @@ class FitPlan:
     adaptive: bool = False
     shard_choice: ShardChoice | None = None
     hosted: bool = False
+    learning_rate_scale: float = 1.0
 
     @property
     def ps_shards(self) -> int:
@@ -284,6 +288,7 @@ class FitPlan:
                 "worker_batch_size": self.worker_batch_size, "window": self.window,
                 "optimizer": self.rule.get_config(), "overlap": self.overlap,
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
+                "learning_rate_scale": self.learning_rate_scale,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
@@ -369,9 +374,10 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
     blocked = shard_blocker(settings)
     shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked, hosted),
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
+    rule = settings.optimizer.for_fit(model.optimizer, num_workers, split, window)
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
-        splits_batch=split, overlap=settings.overlap,
-        rule=settings.optimizer.for_fit(model.optimizer, num_workers, split, window), window_choice=choice,
+        splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
+        learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
     )

@@ -30,6 +30,8 @@ class FitReport:
         optimizer_states: per epoch, each partition's source of its worker's
             Keras optimizer state (``"kept"``, ``"shared"``, ``"new"``,
             ``"stale"``; :func:`elephant.replicas.training_replica`).
+        learning_rates: per epoch, the learning rate each partition's task started its
+            pass at (the compiled one times ``plan["learning_rate_scale"]``).
     """
 
     run: str = dataclasses.field(default_factory=new_run_id)
@@ -39,6 +41,7 @@ class FitReport:
     metrics: dict[str, Any] | None = None
     ledger: list | None = None
     optimizer_states: list[dict[int, str]] = dataclasses.field(default_factory=list)
+    learning_rates: list[dict[int, float]] = dataclasses.field(default_factory=list)
 
     @property
     def job_group(self) -> str:

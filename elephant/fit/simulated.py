@@ -38,7 +38,7 @@ from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
-from elephant.worker import shuffle_key, shuffle_order
+from elephant.worker import shuffle_key, shuffle_order, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
 
@@ -106,7 +106,10 @@ class _Engine:
     step.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, rate_scale: float = 1.0):
+        from elephant.fit.loop import settable_learning_rate
+
+        train_at_rate(model.optimizer, settable_learning_rate(model.optimizer), rate_scale)  # as every task does
         if not model.optimizer.built:  # as the first train step would, so the slots exist to swap
             model.optimizer.build(model.trainable_variables)
         self.model, self.stepper = model, stepper(model)
@@ -247,11 +250,12 @@ def simulate_fit(
     global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
-    engine = _Engine(model_from_bytes(archive, custom_objects)) if share_model else None
+    engine = _Engine(model_from_bytes(archive, custom_objects), plan.learning_rate_scale) if share_model else None
     # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
     key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None
     replicas = [
-        _Replica(engine or _Engine(model_from_bytes(archive, custom_objects)), sx, sy, batch_size, key, k)
+        _Replica(engine or _Engine(model_from_bytes(archive, custom_objects), plan.learning_rate_scale), sx, sy,
+                 batch_size, key, k)
         for k, (sx, sy) in enumerate(shards)
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import math
 
-from elephant.errors import ConfigError
 from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
-from elephant.optimizers.local import adapts_step_size
+from elephant.optimizers.local import adapts_step_size, check_sqrt_scaling
 
 
 def check_step_scale(step_scale):
     return None if step_scale is None else check_number("step_scale", step_scale, low=0.0, low_open=True)
-
-
-def check_sqrt_scaling(sqrt_scaling):
-    if sqrt_scaling is not None and not isinstance(sqrt_scaling, bool):
-        raise ConfigError(f"`sqrt_scaling` must be True, False or None; received sqrt_scaling={sqrt_scaling!r}")
-    return sqrt_scaling
 
 
 def scaled_step(step_scale, commit, num_workers: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from elephant import weights as W
 from elephant.errors import ConfigError
 from elephant.optimizers.base import DistributedOptimizer, register
+from elephant.optimizers.local import ScaledLocalRate, check_sqrt_scaling
 from elephant.optimizers.outer import OuterMomentum
 
 
@@ -13,7 +14,7 @@ MAX_GAIN = 4
 
 
 @register
-class ModelAveraging(DistributedOptimizer):
+class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     """Synchronous rounds: the center moves by the sample-weighted mean delta, through an outer step.
 
     Worker: after ``window`` local steps (the period ``H``) send
@@ -48,15 +49,26 @@ class ModelAveraging(DistributedOptimizer):
     ``benchmarks/convergence.py``; with one worker ``β = 0`` and the rule is
     exactly sequential training.
 
+    Under an adaptive local optimizer (Adam, RMSprop...) with the batch split
+    among 2 to 4 workers, the workers instead train at ``√K`` times the compiled learning rate
+    (``sqrt_scaling``, :class:`~elephant.optimizers.local.ScaledLocalRate`) and the
+    default outer step is plain averaging: the scaled rate already makes the
+    mean delta about one step of the full batch, and block momentum on top of
+    it was measured to overshoot in the first epochs (docs/convergence.md).
+
     Mode: ``"synchronous"``.
 
     Args:
         window: local steps per round (``H``). Default 8 (no canonical value;
             ``window=1`` is mini-batch SGD, larger saves communication).
         outer_lr: α > 0. Default 1.
-        outer_momentum: β in [0, 1), or None (default) for ``1 − 1/min(K, 4)``.
+        outer_momentum: β in [0, 1), or None (default) for ``1 − 1/min(K, 4)``
+            (0 when the workers' rate is scaled).
             ``outer_momentum=0`` (with ``outer_lr=1``) is the paper's averaging.
         nesterov: Nesterov (default) or heavy-ball outer momentum.
+        sqrt_scaling: the workers train at ``√K`` times the compiled rate;
+            None (default) decides it at fit start (on for an adaptive
+            optimizer on a batch split among 2 to 4 workers), True or False forces it.
 
     Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little",
     ICLR 2019; T. Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020;
@@ -73,12 +85,23 @@ class ModelAveraging(DistributedOptimizer):
     splits_batch = True
     streams_rounds = True
 
-    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, nesterov=True, staleness_bound=None):
+    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, nesterov=True, staleness_bound=None,
+                 sqrt_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.outer = OuterMomentum(outer_lr, outer_momentum, nesterov, max_gain=MAX_GAIN)
+        self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
+
+    def for_fit(self, local, num_workers, batch_split, window):
+        scaled = self.scaling_for_fit(local, num_workers, batch_split)
+        momentum = self.outer.momentum
+        if momentum is None and scaled and int(num_workers) >= 2:
+            momentum = 0.0  # the scaled rate makes the mean delta one step of the full batch: no gain on top
+        if momentum == self.outer.momentum and scaled == bool(self.sqrt_scaling):  # nothing to resolve
+            return self
+        return type(self).from_config({**self.get_config(), "sqrt_scaling": scaled, "outer_momentum": momentum})
 
     def describe(self, num_workers):
-        return f"{self!r}; {self.outer.describe(num_workers)}"
+        return f"{self!r}; {self.outer.describe(num_workers)}{self.describe_scaling(num_workers)}"
 
     def on_learning_rate_change(self, state, ratio):
         return self.outer.rescale(state, ratio)
@@ -108,7 +131,8 @@ class ModelAveraging(DistributedOptimizer):
 
     def get_config(self):
         return {"window": self.window, "outer_lr": self.outer.learning_rate,
-                "outer_momentum": self.outer.momentum, "nesterov": self.outer.nesterov}
+                "outer_momentum": self.outer.momentum, "nesterov": self.outer.nesterov,
+                "sqrt_scaling": self.sqrt_scaling}
 
 
 def post_local_sgd_step(step: int, warmup: int, period: int) -> bool:

@@ -335,6 +335,15 @@ class DistributedOptimizer:
         """
         return self
 
+    def local_rate_scale(self, local: Any, num_workers: int, batch_split: bool) -> float:
+        """The factor on the compiled learning rate this rule's workers train with in a fit (1: as compiled).
+
+        Called on the rule :meth:`for_fit` returned, with the same arguments;
+        the averaging defaults give ``√K`` for an adaptive optimizer on the
+        split batch (:class:`~elephant.optimizers.local.ScaledLocalRate`).
+        """
+        return 1.0
+
     def describe(self, num_workers: int) -> str:
         """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
 

@@ -201,6 +201,9 @@ class Compressed(DistributedOptimizer):
         return self if inner is self.inner else Compressed(inner, self.codec.name, self.codec.block,
                                                            replies=self.replies)
 
+    def local_rate_scale(self, local, num_workers, batch_split):
+        return self.inner.local_rate_scale(local, num_workers, batch_split)
+
     def describe(self, num_workers):
         block = "" if self.codec.name == "bf16" else f", block={self.codec.block}"
         replies = ", and synchronous replies as encoded changes" if self.replies else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from elephant.optimizers.base import DistributedOptimizer, register, tree_map
+from elephant.optimizers.local import ScaledLocalRate, check_sqrt_scaling
 from elephant.optimizers.outer import OuterMomentum, axpy, fusable, momentum_buffer
 
 
@@ -16,7 +17,7 @@ WINDOWED_MOMENTUM = 0.0
 
 
 @register
-class DelayedNesterov(DistributedOptimizer):
+class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     """Asynchronous commits averaged over the workers, with outer momentum every ``K`` commits.
 
     Worker (as DOWNPOUR): after a window send ``Δᵏ = θᵏ − θ_pull``; adopt the center
@@ -59,14 +60,23 @@ class DelayedNesterov(DistributedOptimizer):
     momentum ``1 − 1/K`` over windows was measured to overshoot
     (docs/convergence.md, "big models, big data, many workers").
 
+    Under an adaptive local optimizer (Adam, RMSprop...) with the batch split
+    among 2 to 4 workers, the workers train at ``√K`` times the compiled learning rate
+    (``sqrt_scaling``, :class:`~elephant.optimizers.local.ScaledLocalRate`) and the
+    default has no outer momentum, per pass or windowed: asynchronous model
+    averaging of workers whose mean step is about one step of the full batch.
+
     Args:
         window: local steps per commit. Default None: one commit per pass.
         outer_lr: α. Default 1.0.
         outer_momentum: β in [0, 1); None (default) means ``1 − 1/K`` (BMUF's
             block momentum) with one commit per pass and
-            :data:`WINDOWED_MOMENTUM` (0) with windows; 0 gives asynchronous
-            model averaging.
+            :data:`WINDOWED_MOMENTUM` (0) with windows, and 0 when the workers'
+            rate is scaled; 0 gives asynchronous model averaging.
         staleness_bound: optional SSP bound; default None (unbounded).
+        sqrt_scaling: the workers train at ``√K`` times the compiled rate;
+            None (default) decides it at fit start (on for an adaptive
+            optimizer on a batch split among 2 to 4 workers), True or False forces it.
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
     Modeling", arXiv:2401.09135, 2024 (Delayed Nesterov); K. Chen, Q. Huo,
@@ -83,9 +93,10 @@ class DelayedNesterov(DistributedOptimizer):
     window_from_costs = 32
     splits_batch = True
 
-    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, staleness_bound=None):
+    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, staleness_bound=None, sqrt_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.outer = OuterMomentum(outer_lr, outer_momentum, nesterov=True)
+        self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
 
     def setup_warning(self, window, num_workers, batch_split):
         if window is not None and window < self.window_from_costs and num_workers >= 4:
@@ -99,12 +110,16 @@ class DelayedNesterov(DistributedOptimizer):
         return super().setup_warning(window, num_workers, batch_split)
 
     def for_fit(self, local, num_workers, batch_split, window):
-        if window is None or self.outer.momentum is not None or int(num_workers) < 2:
+        scaled = self.scaling_for_fit(local, num_workers, batch_split)
+        momentum = self.outer.momentum
+        if momentum is None and int(num_workers) >= 2 and (scaled or window is not None):
+            momentum = 0.0 if scaled else WINDOWED_MOMENTUM
+        if momentum == self.outer.momentum and scaled == bool(self.sqrt_scaling):  # nothing to resolve
             return self
-        return type(self).from_config({**self.get_config(), "outer_momentum": WINDOWED_MOMENTUM})
+        return type(self).from_config({**self.get_config(), "sqrt_scaling": scaled, "outer_momentum": momentum})
 
     def describe(self, num_workers):
-        return f"{self!r}; {self.outer.describe(num_workers)}"
+        return f"{self!r}; {self.outer.describe(num_workers)}{self.describe_scaling(num_workers)}"
 
     def on_learning_rate_change(self, state, ratio):
         return self.outer.rescale(state, ratio)
@@ -138,4 +153,5 @@ class DelayedNesterov(DistributedOptimizer):
 
     def get_config(self):
         return {"window": self.window, "outer_lr": self.outer.learning_rate,
-                "outer_momentum": self.outer.momentum, "staleness_bound": self.staleness_bound}
+                "outer_momentum": self.outer.momentum, "staleness_bound": self.staleness_bound,
+                "sqrt_scaling": self.sqrt_scaling}

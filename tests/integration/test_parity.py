@@ -30,9 +30,15 @@ def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digit
     acc = accuracy(sm.model, x_test, y_test)
     assert acc >= plain_accuracy - 0.03, f"{mode} default: {acc:.3f} against plain Keras {plain_accuracy:.3f}"
     assert sm.fit_plan["worker_batch_size"] == 16
+    assert sm.fit_plan["learning_rate_scale"] == pytest.approx(2 ** 0.5)
+    assert all(rate == pytest.approx(1e-3 * 2 ** 0.5, rel=1e-5)  # the tasks trained at it
+               for rates in sm.last_report.learning_rates for rate in rates.values())
+    assert len(sm.last_report.learning_rates) == EPOCHS
+    assert float(sm.model.optimizer.learning_rate) == pytest.approx(1e-3)  # the user's model keeps its rate
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("elephant fit:")]
     assert len(lines) == 1
-    assert "outer_momentum=0.5 = 1 - 1/2" in lines[0] and "(outer_momentum=0 turns it off)" in lines[0]
+    assert "plain averaging (no outer step)" in lines[0]
+    assert "sqrt(2) = 1.41 times the compiled learning rate" in lines[0] and "sqrt_scaling=False" in lines[0]
     assert "batch_size=32 is the global batch: each worker trains batches of 16" in lines[0]
     assert "batch_split=False" in lines[0]
 

@@ -184,6 +184,8 @@ def _adam_model():
 
 @pytest.mark.parametrize("workers, model, settings, warned", [
     (8, _adam_model, {"mode": "synchronous"}, True),
+    (8, _adam_model, {"mode": "synchronous", "optimizer": {"name": "modelaveraging",   # scaled: no momentum
+                                                           "config": {"sqrt_scaling": True}}}, False),
     (4, _adam_model, {"mode": "synchronous"}, False),      # measured within the target at 2 and 4 workers
     (8, _model, {"mode": "synchronous"}, False),           # SGD: the Conv1D task gained at 8 workers
     (8, _adam_model, {"mode": "synchronous", "optimizer": {"name": "modelaveraging",

@@ -74,15 +74,16 @@ def test_an_explicit_setting_wins(name):
     assert get(name, sqrt_scaling=True).for_fit(keras.optimizers.SGD(), 4, True, None).sqrt_scaling is True
 
 
-@pytest.mark.parametrize("name", ["downpour", "modelaveraging", "dcasgd"])
+@pytest.mark.parametrize("name", ["downpour", "dcasgd"])
 def test_other_rules_run_as_given(name):
     rule = get(name)
     assert rule.for_fit(keras.optimizers.Adam(), 4, True, 5) is rule
 
 
-def test_delayed_nesterov_runs_as_given_with_one_commit_per_pass():
-    rule = get("delayednesterov")
-    assert rule.for_fit(keras.optimizers.Adam(), 4, True, None) is rule  # windows: see test_optimizers_outer
+@pytest.mark.parametrize("name", ["modelaveraging", "delayednesterov"])
+def test_the_averaging_defaults_run_as_given_under_sgd_with_one_commit_per_pass(name):
+    rule = get(name)  # their scaling of the workers' rate: see test_local_rate_scaling
+    assert rule.for_fit(keras.optimizers.SGD(), 4, True, None) is rule
 
 
 @pytest.mark.parametrize("name", RULES)

@@ -1,0 +1,173 @@
+"""The averaging defaults' square-root scaling of the workers' learning rate (ScaledLocalRate)."""
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import keras  # noqa: E402
+
+from elephant import optimizers as O  # noqa: E402
+from elephant import worker  # noqa: E402
+from elephant.config import Settings  # noqa: E402
+from elephant.errors import ConfigError  # noqa: E402
+from elephant.fit.loop import settable_learning_rate  # noqa: E402
+from elephant.fit.plan import plan_fit  # noqa: E402
+from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
+from elephant.ps.store import Store  # noqa: E402
+
+ADAM, RMSPROP, SGD = keras.optimizers.Adam, keras.optimizers.RMSprop, keras.optimizers.SGD
+
+
+@pytest.mark.parametrize("name", ["modelaveraging", "delayednesterov"])
+@pytest.mark.parametrize("local, workers, split, given, scale, momentum", [
+    (ADAM, 4, True, {}, 2.0, 0.0),                          # the default: sqrt(K), and no outer momentum on top
+    (RMSPROP, 3, True, {}, 3 ** 0.5, 0.0),
+    (ADAM, 5, True, {}, 1.0, None),                         # beyond 4 workers the outer step stays instead
+    (RMSPROP, 9, True, {"sqrt_scaling": True}, 3.0, 0.0),   # unless asked for
+    (ADAM, 1, True, {}, 1.0, None),                         # one worker is plain training
+    (ADAM, 4, False, {}, 1.0, None),                        # full batches per worker: steps as plain training's
+    (SGD, 4, True, {}, 1.0, None),                          # SGD's steps average to the full batch's
+    (ADAM, 4, True, {"sqrt_scaling": False}, 1.0, None),    # off
+    (SGD, 4, True, {"sqrt_scaling": True}, 2.0, 0.0),       # on whatever the optimizer
+    (ADAM, 4, True, {"outer_momentum": 0.5}, 2.0, 0.5),     # a given momentum is kept
+])
+def test_the_workers_rate_factor_and_the_outer_momentum(name, local, workers, split, given, scale, momentum):
+    rule = O.get(name, **given)
+    fitted = rule.for_fit(local(), workers, split, None)  # one commit per pass (windows: below)
+    assert fitted.local_rate_scale(local(), workers, split) == pytest.approx(scale)
+    assert fitted.outer.momentum == momentum
+    assert rule.sqrt_scaling == given.get("sqrt_scaling")  # the user's rule is not changed
+
+
+def test_windowed_delayed_nesterov_under_sgd_keeps_its_windowed_momentum():
+    fitted = O.get("delayednesterov").for_fit(SGD(), 4, True, 32)
+    assert fitted.outer.momentum == 0.0 and not fitted.sqrt_scaling
+    assert fitted.local_rate_scale(SGD(), 4, True) == 1.0
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+@pytest.mark.parametrize("local, workers, split, scale", [
+    (ADAM, 4, None, 2.0), (ADAM, 2, None, 2 ** 0.5), (ADAM, 16, None, 1.0), (ADAM, 4, False, 1.0),
+    (SGD, 4, None, 1.0)])
+def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, scale):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(local(1e-3), "mse")
+    plan = plan_fit(Settings(mode=mode, batch_split=split), model, workers, 64, samples=10_000)
+    assert plan.learning_rate_scale == pytest.approx(scale)
+    assert plan.as_dict()["learning_rate_scale"] == pytest.approx(scale)
+    assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
+    assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
+
+
+def test_a_compressed_default_scales_as_its_inner_rule():
+    rule = O.Compressed("modelaveraging", "int8").for_fit(ADAM(), 4, True, 8)
+    assert rule.local_rate_scale(ADAM(), 4, True) == 2.0 and rule.inner.outer.momentum == 0.0
+
+
+@pytest.mark.parametrize("name", ["modelaveraging", "delayednesterov"])
+def test_sqrt_scaling_is_checked_round_trips_and_is_described(name):
+    with pytest.raises(ConfigError, match=r"sqrt_scaling=1"):
+        O.get(name, sqrt_scaling=1)
+    rule = O.get(name, sqrt_scaling=True)
+    assert type(rule).from_config(rule.get_config()) == rule
+    assert O.deserialize(O.serialize(rule)) == rule
+    line = rule.describe(4)
+    assert "sqrt(4) = 2 times the compiled learning rate" in line and "sqrt_scaling=False turns it off" in line
+    assert "times the compiled" not in O.get(name, sqrt_scaling=False).describe(4)
+
+
+def test_a_number_rate_is_set_times_the_factor():
+    opt = ADAM(0.01)
+    worker.train_at_rate(opt, 0.01, 2.0)
+    assert float(opt.learning_rate) == pytest.approx(0.02)
+    worker.train_at_rate(opt, 0.01, 1.0)  # each task sets it anew from the driver's rate: never compounds
+    assert float(opt.learning_rate) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("rate", [keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5), lambda: 0.01])
+def test_a_schedule_is_wrapped_once(rate):
+    opt = ADAM(rate)
+    worker.train_at_rate(opt, None, 1.0)
+    assert float(opt.learning_rate) == pytest.approx(0.01)  # a factor of 1 leaves it alone
+    worker.train_at_rate(opt, None, 3.0)
+    worker.train_at_rate(opt, None, 3.0)  # the next task on the same replica
+    assert float(opt.learning_rate) == pytest.approx(0.03)
+
+
+def test_a_loss_scale_optimizers_inner_rate_is_scaled():
+    opt = keras.optimizers.LossScaleOptimizer(ADAM(keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)))
+    worker.train_at_rate(opt, None, 2.0)
+    assert float(opt.inner_optimizer.learning_rate) == pytest.approx(0.02)
+
+
+def _first_step(model, scale, data):
+    """The center's move after one whole-batch Adam step of a one-worker partition trained at ``scale``."""
+    model_bytes = model_to_bytes(model)
+    run = f"scale-{scale}-{id(model)}"
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, run)
+    spec = worker.TaskSpec(
+        run=run, epoch=0, model_bytes=model_bytes, fingerprint=fingerprint(model_bytes), optimizer=O.Downpour(),
+        window=1, batch_size=len(data[0]), mode="asynchronous", ps_url="in-process", token="t", read_timeout=5.0,
+        shuffle=False, learning_rate=settable_learning_rate(model.optimizer))
+    worker.run_partition(dataclasses.replace(spec, learning_rate_scale=scale), 0, 1, [data], _Direct(store))
+    return [c - w for c, w in zip(store.center(), model.get_weights(), strict=True)]
+
+
+class _Direct:
+    def __init__(self, store):
+        self.store = store
+
+    def pull(self, worker_index, epoch=None):
+        return self.store.pull(worker_index, epoch=epoch)
+
+    def commit(self, key, attempt, commit):
+        return self.store.commit(key, attempt, commit)
+
+    def finish(self, run, epoch, partition, attempt):
+        self.store.finish(run, epoch, partition, attempt)
+
+
+@pytest.mark.parametrize("rate", [1e-3, keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)])
+def test_a_task_trains_at_the_plans_factor(rate):
+    """Adam's first step moves each weight by its rate (times the sign of its gradient): the factor shows whole."""
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 2)).astype("float32"))
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.compile(ADAM(rate), "mse")
+        return m
+
+    plain, scaled = _first_step(model(), 1.0, data), _first_step(model(), 4.0, data)
+    for a, b in zip(plain, scaled, strict=True):
+        moved = np.abs(a) > 1e-5
+        assert moved.any()
+        np.testing.assert_allclose(b[moved] / a[moved], 4.0, rtol=1e-3)
+
+
+def test_the_simulator_trains_at_the_plans_factor():
+    """simulate_fit's workers train at the factor a Spark fit's tasks do: with the default, the center moves
+    sqrt(K) times as far in Adam's first synchronous round of one step (signs agree on this linear task)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(256, 3)).astype("float32")
+    y = (x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32") + 5.0).astype("float32")
+
+    def moved(**settings):
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.compile(ADAM(1e-3), "mse")
+        start = m.get_weights()
+        fit = O.simulate_fit(m, x, y, epochs=1, batch_size=256, num_workers=4, mode="synchronous",
+                             frequency=1, shuffle=False, **settings)
+        return fit, [c - s for c, s in zip(fit.centers[-1], start, strict=True)]
+
+    default, scaled = moved()
+    off, plain = moved(optimizer=O.ModelAveraging(sqrt_scaling=False, outer_momentum=0.0))
+    assert default.optimizer.sqrt_scaling is True and default.optimizer.outer.momentum == 0.0
+    for a, b in zip(plain, scaled, strict=True):
+        np.testing.assert_allclose(b, a * math.sqrt(4), rtol=1e-3)
