@@ -150,9 +150,10 @@ def test_a_task_trains_at_the_plans_factor(rate):
         np.testing.assert_allclose(b[moved] / a[moved], 4.0, rtol=1e-3)
 
 
-def test_the_simulator_trains_at_the_plans_factor():
+@pytest.mark.parametrize("mode, unscaled", [("synchronous", O.ModelAveraging), ("asynchronous", O.DelayedNesterov)])
+def test_the_simulator_trains_at_the_plans_factor(mode, unscaled):
     """simulate_fit's workers train at the factor a Spark fit's tasks do: with the default, the center moves
-    sqrt(K) times as far in Adam's first synchronous round of one step (signs agree on this linear task)."""
+    sqrt(K) times as far after Adam's first step on every worker (signs agree on this linear task)."""
     rng = np.random.default_rng(1)
     x = rng.normal(size=(256, 3)).astype("float32")
     y = (x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32") + 5.0).astype("float32")
@@ -162,12 +163,12 @@ def test_the_simulator_trains_at_the_plans_factor():
         m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         m.compile(ADAM(1e-3), "mse")
         start = m.get_weights()
-        fit = O.simulate_fit(m, x, y, epochs=1, batch_size=256, num_workers=4, mode="synchronous",
+        fit = O.simulate_fit(m, x, y, epochs=1, batch_size=256, num_workers=4, mode=mode,
                              frequency=1, shuffle=False, **settings)
         return fit, [c - s for c, s in zip(fit.centers[-1], start, strict=True)]
 
     default, scaled = moved()
-    off, plain = moved(optimizer=O.ModelAveraging(sqrt_scaling=False, outer_momentum=0.0))
+    off, plain = moved(optimizer=unscaled(sqrt_scaling=False, outer_momentum=0.0))
     assert default.optimizer.sqrt_scaling is True and default.optimizer.outer.momentum == 0.0
     for a, b in zip(plain, scaled, strict=True):
         np.testing.assert_allclose(b, a * math.sqrt(4), rtol=1e-3)
