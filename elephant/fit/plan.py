@@ -236,10 +236,11 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     if getattr(rule, "sqrt_scaling", None):  # the workers train at sqrt(K) times the rate (2 to 4 workers)
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers) 8.1 "
-            "and 5.1 points behind plain Keras after a first epoch on a GRU trained with Adam and a Conv2D trained "
-            "with RMSprop, and within 1 point after the second (the synchronous default: 4.1 and 3.0 behind after "
-            "the first). For one-epoch fits check the first epoch against a short plain Keras run."
+            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
+            "seeds) 2.4 to 8.9 points behind plain Keras after a first epoch on a GRU trained with Adam and 1.8 to "
+            "5.1 on a Conv2D trained with RMSprop, and within 1.2 points after the second (the synchronous default: "
+            "1.8 behind on both after the first, on average). For one-epoch fits prefer mode='synchronous', or check "
+            "the first epoch against a short plain Keras run."
         )
     return (
         f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer: "

@@ -221,4 +221,4 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
         assert "mode='synchronous'" in found[0]
     elif warned:
         assert f"at {workers} workers" in found[0] and f"at sqrt({workers}) times its rate" in found[0]
-        assert "8.1 and 5.1 points behind" in found[0] and "within 1 point after the second" in found[0]
+        assert "2.4 to 8.9 points behind" in found[0] and "within 1.2 points after the second" in found[0]
