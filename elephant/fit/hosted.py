@@ -29,17 +29,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from elephant import arrow as A
 from elephant import checkpoint, session
+from elephant.errors import PSError
 from elephant.worker import TaskSpec
 
 __all__ = ["Hosting", "ShardStart", "absorb_results", "decode_result", "encode_result", "epoch_hosting",
-           "max_bodies", "store_shards", "train_hosted"]
+           "lost_servers", "max_bodies", "store_shards", "train_hosted"]
 
 
 def store_shards(store) -> tuple:
@@ -88,6 +91,24 @@ def epoch_hosting(store, bodies: Sequence[int], num_workers: int, round_timeout:
                    ports=list(ports))
 
 
+#: Seconds a hosting task waits for the epoch's other partitions between checks of the other shards' servers.
+PEER_CHECK_S = 2.0
+
+
+def lost_servers(urls: Sequence[str], own: int) -> list[str]:
+    """The servers among ``urls`` (but the ``own``-th) that no longer accept a connection."""
+    lost = []
+    for index, url in enumerate(urls):
+        if index == own or not url:
+            continue
+        address = urlsplit(url)
+        try:
+            socket.create_connection((address.hostname, address.port), timeout=2.0).close()
+        except OSError:
+            lost.append(url)
+    return lost
+
+
 def train_hosted(spec: TaskSpec, hosting: Hosting, blocks) -> bytes:
     """One barrier task of a hosted epoch: its partition's stats and (a hosting task's) shard outcome, encoded."""
     from pyspark import BarrierTaskContext
@@ -118,8 +139,14 @@ def train_hosted(spec: TaskSpec, hosting: Hosting, blocks) -> bytes:
         if store is None:
             return encode_result(stats, None)
         # Every partition has finished: the store holds the whole epoch. (Waiting on the store, not
-        # with ctx.barrier(), which costs about a second per call.)
-        store.wait_finished(spec.epoch)
+        # with ctx.barrier(), which costs about a second per call.) A task that hosted another shard
+        # and failed took its server down and will never finish: end this task too, so that the
+        # stage fails now rather than when (or if) Spark kills it.
+        while not store.wait_finished(spec.epoch, timeout=PEER_CHECK_S):
+            lost = lost_servers(urls, partition)
+            if lost:
+                raise PSError(f"partition {partition}: the parameter-server shard(s) at {', '.join(lost)} stopped "
+                              f"before every partition finished epoch {spec.epoch} (the task hosting it failed)")
         return encode_result(stats, (partition, store.outcome()))
     finally:
         if server is not None:

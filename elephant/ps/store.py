@@ -565,21 +565,34 @@ class Store:
             self._rounds.close_ready(ep)
             self._cond.notify_all()
 
-    def wait_finished(self, epoch: int) -> None:
-        """Block until every partition has called :meth:`finish` for ``epoch`` (no time limit).
+    def wait_finished(self, epoch: int, timeout: float | None = None) -> bool:
+        """Block until every partition has called :meth:`finish` for ``epoch``, or ``timeout`` seconds passed.
 
         A server hosted by a task of the epoch's own stage waits here before it
-        stops; if another task fails, Spark ends the whole stage, this task too.
+        stops, a while at a time, checking between waits that the other shards'
+        servers still run (:func:`elephant.fit.hosted.train_hosted`).
+
+        Args:
+            epoch: the epoch.
+            timeout: seconds to wait at most; None (default): no limit.
+
+        Returns:
+            Whether every partition finished (False: the time ran out first).
 
         Raises:
             StoreClosedError: the store was closed while waiting.
         """
         epoch = _int_arg("epoch", epoch)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while len(self._epoch(epoch).finished) < self._num_workers:
                 if self._closed:
                     raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
-                self._cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def commit(self, key: CommitKey, attempt: int, commit: Commit, *, check_finite: bool = True) -> Reply:
         """Apply (or acknowledge a replay of) one commit; return the new center.

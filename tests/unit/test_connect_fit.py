@@ -152,3 +152,33 @@ def test_a_sharded_store_goes_on_from_its_shards_epochs_served_elsewhere():
         np.testing.assert_array_equal(a, b)
     assert client.clock == one.clock == 2 and len(client.ledger()) == 2
     assert client.metrics()["commits_applied"] == one.metrics()["commits_applied"] == 2
+
+
+def test_a_hosting_task_waits_a_while_at_a_time():
+    import time
+
+    store = _async_store([np.zeros(2)])
+    store.finish("run1", 0, 0, 1)
+    started = time.monotonic()
+    assert store.wait_finished(0, timeout=0.2) is False  # partition 1 is still training
+    assert 0.15 < time.monotonic() - started < 3
+    store.finish("run1", 0, 1, 2)
+    assert store.wait_finished(0, timeout=0.2) is True and store.wait_finished(0) is True
+
+
+def test_a_shard_server_that_stopped_is_found_lost():
+    """A hosting task that waits for the epoch ends when another shard's server went down with its failed task."""
+    import socket
+
+    from elephant.fit.hosted import lost_servers
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    up, down = (f"http://127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+    closed.close()
+    try:
+        assert lost_servers([up, down], 0) == [down]
+        assert lost_servers([down, up], 0) == []  # its own server is not checked
+        assert lost_servers([up, up], 1) == []
+    finally:
+        listening.close()
