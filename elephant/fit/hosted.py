@@ -93,6 +93,8 @@ def epoch_hosting(store, bodies: Sequence[int], num_workers: int, round_timeout:
 
 #: Seconds a hosting task waits for the epoch's other partitions between checks of the other shards' servers.
 PEER_CHECK_S = 2.0
+#: Seconds it still waits for the epoch after finding another shard's server gone, before it gives up.
+LOST_GRACE_S = 10.0
 
 
 def lost_servers(urls: Sequence[str], own: int) -> list[str]:
@@ -144,7 +146,8 @@ def train_hosted(spec: TaskSpec, hosting: Hosting, blocks) -> bytes:
         # stage fails now rather than when (or if) Spark kills it.
         while not store.wait_finished(spec.epoch, timeout=PEER_CHECK_S):
             lost = lost_servers(urls, partition)
-            if lost:
+            # a host whose store saw every finish stops its server: the last finishes may still be on their way here
+            if lost and not store.wait_finished(spec.epoch, timeout=LOST_GRACE_S):
                 raise PSError(f"partition {partition}: the parameter-server shard(s) at {', '.join(lost)} stopped "
                               f"before every partition finished epoch {spec.epoch} (the task hosting it failed)")
         return encode_result(stats, (partition, store.outcome()))
