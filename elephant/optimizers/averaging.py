@@ -92,13 +92,7 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
 
     def for_fit(self, local, num_workers, batch_split, window):
-        scaled = self.scaling_for_fit(local, num_workers, batch_split)
-        momentum = self.outer.momentum
-        if momentum is None and scaled and int(num_workers) >= 2:
-            momentum = 0.0  # the scaled rate makes the mean delta one step of the full batch: no gain on top
-        if momentum == self.outer.momentum and scaled == bool(self.sqrt_scaling):  # nothing to resolve
-            return self
-        return type(self).from_config({**self.get_config(), "sqrt_scaling": scaled, "outer_momentum": momentum})
+        return self.resolved_for_fit(local, num_workers, batch_split, None)  # unscaled: block momentum
 
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}{self.describe_scaling(num_workers)}"

@@ -110,13 +110,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         return super().setup_warning(window, num_workers, batch_split)
 
     def for_fit(self, local, num_workers, batch_split, window):
-        scaled = self.scaling_for_fit(local, num_workers, batch_split)
-        momentum = self.outer.momentum
-        if momentum is None and int(num_workers) >= 2 and (scaled or window is not None):
-            momentum = 0.0 if scaled else WINDOWED_MOMENTUM
-        if momentum == self.outer.momentum and scaled == bool(self.sqrt_scaling):  # nothing to resolve
-            return self
-        return type(self).from_config({**self.get_config(), "sqrt_scaling": scaled, "outer_momentum": momentum})
+        return self.resolved_for_fit(local, num_workers, batch_split, None if window is None else WINDOWED_MOMENTUM)
 
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}{self.describe_scaling(num_workers)}"

@@ -90,6 +90,17 @@ class ScaledLocalRate:
         workers = max(int(num_workers), 1)
         return math.sqrt(workers) if self.scaling_for_fit(local, workers, batch_split) and workers > 1 else 1.0
 
+    def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None):
+        """This rule with ``sqrt_scaling`` decided and, when the user gave none, the outer momentum: 0 when
+        the workers' rate is scaled (no gain on top of it), else ``unscaled_momentum``; ``self`` if nothing changes."""
+        scaled = self.scaling_for_fit(local, num_workers, batch_split)
+        momentum = self.outer.momentum
+        if momentum is None and int(num_workers) >= 2:
+            momentum = 0.0 if scaled else unscaled_momentum
+        if momentum == self.outer.momentum and scaled == bool(self.sqrt_scaling):
+            return self
+        return type(self).from_config({**self.get_config(), "sqrt_scaling": scaled, "outer_momentum": momentum})
+
     def describe_scaling(self, num_workers: int) -> str:
         """The fit-start log's words for the scaling ("" when off)."""
         workers = max(int(num_workers), 1)
