@@ -69,6 +69,10 @@ class Stepper:
         """
         return self.model.train_function([batch])
 
+    def set_learning_rate(self, rate: float) -> None:
+        """Train the next steps at ``rate`` (the optimizer's rate must be a number, not a schedule)."""
+        self.model.optimizer.learning_rate = rate
+
     def get_weights(self) -> list[np.ndarray]:
         """All of ``model.weights``, in order, as numpy arrays the caller owns."""
         return self.model.get_weights()
@@ -303,6 +307,18 @@ class JaxStepper(Stepper):
         logs, state = self.model.train_function(tuple(self._state), iter([batch]))
         self._state = [list(group) for group in state]
         return logs
+
+    def set_learning_rate(self, rate: float) -> None:
+        if self._state is None:
+            return super().set_learning_rate(rate)
+        optimizer = self.model.optimizer
+        variable = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate
+        for i, v in enumerate(optimizer.variables):
+            if v is variable:  # the live state's copy of it
+                self._state[_OPTIMIZER][i] = self._jax.numpy.asarray(rate, dtype=v.dtype)
+                return
+        self.sync_to_model()  # not in the state (never seen): set it where the next step takes the state from
+        super().set_learning_rate(rate)
 
     def get_weights(self) -> list[np.ndarray]:
         if self._state is None:

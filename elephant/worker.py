@@ -31,6 +31,7 @@ from elephant import data as D
 from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.local import ramped_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
@@ -68,6 +69,7 @@ class TaskSpec:
     last_epoch: bool = False  # the fit's last: no next epoch to leave the optimizer state for
     shuffle_key: str = ""  # what seeds the partitions' shuffles with the epoch ("": ``run``, new every fit)
     learning_rate_scale: float = 1.0  # the plan's factor on the compiled rate (FitPlan.learning_rate_scale)
+    learning_rate_warmup: bool = False  # this pass ramps that factor up from 1 (the fit's first epoch)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -293,13 +295,23 @@ def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
     return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
 
 
-def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) -> dict[str, float]:
+def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
+    """The learning rate of each step of a pass over ``n`` samples that ramps the plan's factor up
+    (``spec.learning_rate_warmup``), or None when the pass trains at one rate."""
+    if not spec.learning_rate_warmup or spec.learning_rate is None or spec.learning_rate_scale == 1.0:
+        return None
+    return ramped_rates(spec.learning_rate, spec.learning_rate_scale, -(-n // spec.batch_size))
+
+
+def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
+                rates: list[float] | None = None) -> dict[str, float]:
     """One pass over the block with Keras' compiled train step; commits via ``window``.
 
     ``model.fit`` costs ~0.1-0.2 s of set-up per call, which dominates short
     partitions, so the pass drives Keras' compiled train function directly
     through the window's :class:`~elephant.backends.Stepper`: one step per
-    batch, metrics accumulated as in ``fit`` (reset once per pass). The caller
+    batch, metrics accumulated as in ``fit`` (reset once per pass), each at
+    its entry of ``rates`` when given (:func:`pass_rates`). The caller
     syncs the stepper's state back into ``model`` after the pass's last commit.
     """
     n = D.num_samples(x)
@@ -308,8 +320,10 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window) 
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}
-    for start in range(0, n, spec.batch_size):
+    for i, start in enumerate(range(0, n, spec.batch_size)):
         batch = slice(start, start + spec.batch_size)
+        if rates is not None:
+            window.stepper.set_learning_rate(rates[i])
         logs = window.stepper.step((D.take(x, batch), D.take(y, batch), D.take(w, batch)))
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             window.diverge()  # as Keras' TerminateOnNaN, but the center never sees the NaN
@@ -352,11 +366,12 @@ def run_partition(
     x, y, w = D.unpack(block)
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
-    rate = _current_rate(model.optimizer)  # at the pass's first step
+    rates = pass_rates(spec, n)
+    rate = _current_rate(model.optimizer) if rates is None else rates[0]  # at the pass's first step
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)
     try:
-        logs = _train_pass(model, x, y, w, spec, window)
+        logs = _train_pass(model, x, y, w, spec, window, rates)
         window.commit()  # flush the partial last window
         window.settle()
     finally:

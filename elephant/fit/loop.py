@@ -240,7 +240,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 custom_objects=custom_objects or None, shuffle=args.shuffle,
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
                 learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
-                shuffle_key=key, learning_rate_scale=plan.learning_rate_scale, **sharded,
+                shuffle_key=key, learning_rate_scale=plan.learning_rate_scale,
+                learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):

@@ -270,6 +270,8 @@ class FitPlan:
         learning_rate_scale: the factor on the compiled learning rate the workers train
             with (``rule.local_rate_scale``: ``√K`` for the averaging defaults under an
             adaptive optimizer on the split batch; 1: as compiled).
+        learning_rate_warmup: whether, in the fit's first epoch, each worker ramps that
+            factor up from 1 over its pass (``rule.local_rate_warmup``: a factor above 2).
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
     """
@@ -286,6 +288,7 @@ class FitPlan:
     shard_choice: ShardChoice | None = None
     hosted: bool = False
     learning_rate_scale: float = 1.0
+    learning_rate_warmup: bool = False
 
     @property
     def ps_shards(self) -> int:
@@ -298,7 +301,7 @@ class FitPlan:
                 "worker_batch_size": self.worker_batch_size, "window": self.window,
                 "optimizer": self.rule.get_config(), "overlap": self.overlap,
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
-                "learning_rate_scale": self.learning_rate_scale,
+                "learning_rate_scale": self.learning_rate_scale, "learning_rate_warmup": self.learning_rate_warmup,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
@@ -390,4 +393,5 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
         learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
+        learning_rate_warmup=rule.local_rate_warmup(model.optimizer, num_workers, split),
     )

@@ -55,6 +55,9 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     default outer step is plain averaging: the scaled rate already makes the
     mean delta about one step of the full batch, and block momentum on top of
     it was measured to overshoot in the first epochs (docs/convergence.md).
+    From 5 to 32 workers the same holds when the compiled rate is a number, with
+    the factor ramped up from 1 over the first epoch (``ramps_scaling``): from
+    the first step it collapsed at high rates.
 
     Mode: ``"synchronous"``.
 
@@ -68,7 +71,8 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
         nesterov: Nesterov (default) or heavy-ball outer momentum.
         sqrt_scaling: the workers train at ``√K`` times the compiled rate;
             None (default) decides it at fit start (on for an adaptive
-            optimizer on a batch split among 2 to 4 workers), True or False forces it.
+            optimizer on a batch split among 2 to 4 workers, and 5 to 32 with a
+            numeric rate, ramped), True or False forces it.
 
     Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little",
     ICLR 2019; T. Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020;
@@ -77,6 +81,7 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     """
 
     name = "modelaveraging"
+    ramps_scaling = True
     aliases = ("averaging", "model_averaging", "localsgd")
     modes = ("synchronous",)
     default_window = 8

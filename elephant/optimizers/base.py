@@ -344,6 +344,11 @@ class DistributedOptimizer:
         """
         return 1.0
 
+    def local_rate_warmup(self, local: Any, num_workers: int, batch_split: bool) -> bool:
+        """Whether the workers ramp that factor up from 1 over the fit's first epoch (False: it holds from the
+        first step); the averaging defaults ramp a factor above 2."""
+        return False
+
     def describe(self, num_workers: int) -> str:
         """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
 

@@ -204,6 +204,9 @@ class Compressed(DistributedOptimizer):
     def local_rate_scale(self, local, num_workers, batch_split):
         return self.inner.local_rate_scale(local, num_workers, batch_split)
 
+    def local_rate_warmup(self, local, num_workers, batch_split):
+        return self.inner.local_rate_warmup(local, num_workers, batch_split)
+
     def describe(self, num_workers):
         block = "" if self.codec.name == "bf16" else f", block={self.codec.block}"
         replies = ", and synchronous replies as encoded changes" if self.replies else ""

@@ -13,7 +13,8 @@ from typing import Any
 
 from elephant.errors import ConfigError
 
-__all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_sqrt_scaling", "local_setting"]
+__all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_sqrt_scaling", "local_setting",
+           "ramped_rates", "settable_rate"]
 
 
 #: Keras optimizers that divide each step by a running magnitude of the gradient (or
@@ -34,6 +35,13 @@ def adapts_step_size(local: Any) -> bool:
     return any(cls.__name__ in ADAPTIVE_OPTIMIZERS for cls in type(local).__mro__)
 
 
+def settable_rate(local: Any) -> bool:
+    """Whether a Keras optimizer's learning rate is a number (a variable), not a schedule or a callable."""
+    inner = getattr(local, "inner_optimizer", None) or local
+    rate = getattr(inner, "_learning_rate", None)
+    return rate is not None and not callable(rate)
+
+
 def local_setting(local: Any, name: str) -> Any:
     """A Keras optimizer's hyperparameter as a Python value (float32 variables read as 6-digit floats)."""
     value = getattr(local, name, None)
@@ -49,10 +57,22 @@ def check_sqrt_scaling(sqrt_scaling):
     return sqrt_scaling
 
 
-#: The most workers at which ``sqrt_scaling=None`` scales the workers' rate (``√K`` at most 2):
-#: beyond, a compiled rate ten times Keras' default trained at ``√K`` times it was measured far
-#: behind plain Keras (docs/convergence.md), and the defaults keep their outer step instead.
+#: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step
+#: (``√K`` at most 2). Beyond, a rate ten times Keras' default trained at ``√K`` times it from
+#: the start collapsed (docs/convergence.md); the synchronous default ramps the factor up over
+#: the first epoch instead (:data:`MAX_RAMPED_WORKERS`), the asynchronous one keeps its outer step.
 MAX_SCALED_WORKERS = 4
+
+#: The most workers at which ``sqrt_scaling=None`` scales a rule that ramps (``ramps_scaling``):
+#: as far as it was measured (docs/convergence.md).
+MAX_RAMPED_WORKERS = 32
+
+
+def ramped_rates(rate: float, scale: float, steps: int) -> list[float]:
+    """The rate of each of a first pass's ``steps``: from ``rate`` at the first step, linearly towards
+    ``scale × rate``, which the next pass trains at (a warm-up of the factor, not of the rate)."""
+    steps = max(int(steps), 1)
+    return [rate * (1.0 + (scale - 1.0) * i / steps) for i in range(steps)]
 
 
 class ScaledLocalRate:
@@ -71,25 +91,41 @@ class ScaledLocalRate:
     the outer momentum, which the default then turns off. The user's model keeps
     its compiled rate (only the replicas train at the scaled one).
 
+    A factor above 2 (more than :data:`MAX_SCALED_WORKERS` workers) is ramped up:
+    in the fit's first epoch each worker's rate grows linearly from the compiled
+    one to ``√K`` times it over its pass (:func:`ramped_rates`), as large-batch
+    training warms a scaled rate up; this needs a numeric rate (not a schedule).
+
     ``sqrt_scaling=None`` (the default) is decided by ``for_fit``: on when the
     batch is split among 2 to :data:`MAX_SCALED_WORKERS` workers and the model's
-    optimizer adapts its step size. True scales whenever there are several
-    workers; False never.
+    optimizer adapts its step size, and for a rule whose ``ramps_scaling`` is
+    True also up to :data:`MAX_RAMPED_WORKERS` workers when the compiled rate is
+    a number. True scales whenever there are several workers; False never.
     """
 
     sqrt_scaling: bool | None = None
+    ramps_scaling: bool = False  # whether the default scales beyond MAX_SCALED_WORKERS, ramped
 
     def scaling_for_fit(self, local: Any, num_workers: int, batch_split: bool) -> bool:
         """Whether this rule's workers train at a scaled rate in a fit with these settings."""
         if self.sqrt_scaling is not None:
             return self.sqrt_scaling
-        return bool(batch_split) and 1 < int(num_workers) <= MAX_SCALED_WORKERS and adapts_step_size(local)
+        workers = int(num_workers)
+        if not (batch_split and workers > 1 and adapts_step_size(local)):
+            return False
+        if workers <= MAX_SCALED_WORKERS:
+            return True
+        return self.ramps_scaling and workers <= MAX_RAMPED_WORKERS and settable_rate(local)
 
     def local_rate_scale(self, local: Any, num_workers: int, batch_split: bool) -> float:
         """``√K`` when the workers train at a scaled rate, else 1."""
         workers = max(int(num_workers), 1)
         return math.sqrt(workers) if self.scaling_for_fit(local, workers, batch_split) and workers > 1 else 1.0
 
+    def local_rate_warmup(self, local: Any, num_workers: int, batch_split: bool) -> bool:
+        """Whether the first epoch ramps the workers' factor up (a factor above 2 on a numeric rate)."""
+        return (self.local_rate_scale(local, num_workers, batch_split) > math.sqrt(MAX_SCALED_WORKERS)
+                and settable_rate(local))
     def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None):
         """This rule with ``sqrt_scaling`` decided and, when the user gave none, the outer momentum: 0 when
         the workers' rate is scaled (no gain on top of it), else ``unscaled_momentum``; ``self`` if nothing changes."""
@@ -106,5 +142,7 @@ class ScaledLocalRate:
         workers = max(int(num_workers), 1)
         if not self.sqrt_scaling or workers < 2:
             return ""
+        ramp = (", ramped up from the compiled rate over the first epoch when that is a number"
+                if workers > MAX_SCALED_WORKERS else "")
         return (f"; the workers train at sqrt({workers}) = {math.sqrt(workers):.3g} times the compiled learning rate "
-                "for the adaptive optimizer's steps on the split batch (sqrt_scaling=False turns it off)")
+                f"for the adaptive optimizer's steps on the split batch{ramp} (sqrt_scaling=False turns it off)")

@@ -207,3 +207,23 @@ def test_other_objects_get_the_slow_get_set_weights_stepper():
     s.set_weights([np.ones(2)])
     np.testing.assert_array_equal(s.get_weights()[0], [1.0, 1.0])
     s.sync_to_model()  # nothing to do
+
+
+def test_a_rate_set_between_steps_trains_the_next_step(classes):
+    """A first epoch's warm-up sets the rate before each step (elephant.worker.pass_rates): the pass equals
+    Keras stepping batch by batch at those rates, on every backend (JAX's live state included)."""
+    x, y = classes
+    rates = [1e-3, 4e-3, 2e-2]
+    reference = build("dense", "adam")
+    for i, rate in enumerate(rates):
+        reference.optimizer.learning_rate = rate
+        reference.train_on_batch(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+    model = build("dense", "adam")
+    s = backends.stepper(model)
+    s.begin_pass()
+    for i, rate in enumerate(rates):
+        s.set_learning_rate(rate)
+        s.step((x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH], None))
+    s.sync_to_model()
+    _assert_same_state(model, reference)
+    assert float(np.array(model.optimizer.learning_rate)) == pytest.approx(rates[-1])

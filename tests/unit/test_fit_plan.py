@@ -182,8 +182,16 @@ def _adam_model():
     return model
 
 
+def _adam_schedule_model():
+    model = _model()
+    model.compile(keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)), "mse")
+    return model
+
+
 @pytest.mark.parametrize("workers, model, settings, warned", [
-    (8, _adam_model, {"mode": "synchronous"}, True),
+    (8, _adam_schedule_model, {"mode": "synchronous"}, True),   # a schedule: not scaled, the block momentum stays
+    (8, _adam_model, {"mode": "synchronous"}, False),            # a numeric rate: scaled (ramped), no momentum
+    (40, _adam_model, {"mode": "synchronous"}, True),            # beyond the 32 workers measured scaled
     (8, _adam_model, {"mode": "synchronous", "optimizer": {"name": "modelaveraging",   # scaled: no momentum
                                                            "config": {"sqrt_scaling": True}}}, False),
     (4, _adam_model, {"mode": "synchronous"}, False),      # measured within the target at 2 and 4 workers
@@ -196,7 +204,7 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
     found = [w for w in plan.warnings(settings["mode"]) if "block momentum" in w]
     assert bool(found) == warned
     if warned:
-        assert "block momentum 0.75 at 8 workers" in found[0] and "5.5 and 3.5 points behind" in found[0]
+        assert f"block momentum 0.75 at {workers} workers" in found[0] and "5.5 and 3.5 points behind" in found[0]
         assert "fewer workers" in found[0]
 
 

@@ -10,6 +10,7 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 
+from elephant import backends  # noqa: E402
 from elephant import optimizers as O  # noqa: E402
 from elephant import worker  # noqa: E402
 from elephant.config import Settings  # noqa: E402
@@ -26,7 +27,6 @@ ADAM, RMSPROP, SGD = keras.optimizers.Adam, keras.optimizers.RMSprop, keras.opti
 @pytest.mark.parametrize("local, workers, split, given, scale, momentum", [
     (ADAM, 4, True, {}, 2.0, 0.0),                          # the default: sqrt(K), and no outer momentum on top
     (RMSPROP, 3, True, {}, 3 ** 0.5, 0.0),
-    (ADAM, 5, True, {}, 1.0, None),                         # beyond 4 workers the outer step stays instead
     (RMSPROP, 9, True, {"sqrt_scaling": True}, 3.0, 0.0),   # unless asked for
     (ADAM, 1, True, {}, 1.0, None),                         # one worker is plain training
     (ADAM, 4, False, {}, 1.0, None),                        # full batches per worker: steps as plain training's
@@ -43,6 +43,31 @@ def test_the_workers_rate_factor_and_the_outer_momentum(name, local, workers, sp
     assert rule.sqrt_scaling == given.get("sqrt_scaling")  # the user's rule is not changed
 
 
+@pytest.mark.parametrize("name, local, workers, given, scale, warmup, momentum", [
+    ("modelaveraging", ADAM(1e-3), 8, {}, 8 ** 0.5, True, 0.0),     # synchronous: ramped beyond 4 workers
+    ("modelaveraging", RMSPROP(1e-3), 32, {}, 32 ** 0.5, True, 0.0),
+    ("modelaveraging", ADAM(1e-3), 33, {}, 1.0, False, None),       # beyond what was measured: the outer step
+    ("modelaveraging", ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)), 8, {}, 1.0, False, None),
+    ("modelaveraging", ADAM(1e-3), 4, {}, 2.0, False, 0.0),         # up to 4: the factor from the first step
+    ("modelaveraging", SGD(1e-2), 8, {}, 1.0, False, None),
+    ("delayednesterov", ADAM(1e-3), 5, {}, 1.0, False, None),       # asynchronous: the outer step beyond 4
+    ("delayednesterov", ADAM(1e-3), 9, {"sqrt_scaling": True}, 3.0, True, 0.0),  # unless asked for
+    ("modelaveraging", ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)), 9, {"sqrt_scaling": True},
+     3.0, False, 0.0),                                              # a schedule is scaled whole, not ramped
+])
+def test_beyond_four_workers_the_synchronous_default_ramps_its_factor(name, local, workers, given, scale, warmup,
+                                                                      momentum):
+    fitted = O.get(name, **given).for_fit(local, workers, True, None)
+    assert fitted.local_rate_scale(local, workers, True) == pytest.approx(scale)
+    assert fitted.local_rate_warmup(local, workers, True) is warmup
+    assert fitted.outer.momentum == momentum  # None: the unscaled default, decided by the outer step
+
+
+def test_a_ramp_starts_at_the_compiled_rate_and_climbs_to_the_factor():
+    assert worker.ramped_rates(0.01, 3.0, 4) == pytest.approx([0.01, 0.015, 0.02, 0.025])
+    assert worker.ramped_rates(0.01, 3.0, 0) == pytest.approx([0.01])
+
+
 def test_windowed_delayed_nesterov_under_sgd_keeps_its_windowed_momentum():
     fitted = O.get("delayednesterov").for_fit(SGD(), 4, True, 32)
     assert fitted.outer.momentum == 0.0 and not fitted.sqrt_scaling
@@ -51,14 +76,19 @@ def test_windowed_delayed_nesterov_under_sgd_keeps_its_windowed_momentum():
 
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
 @pytest.mark.parametrize("local, workers, split, scale", [
-    (ADAM, 4, None, 2.0), (ADAM, 2, None, 2 ** 0.5), (ADAM, 16, None, 1.0), (ADAM, 4, False, 1.0),
+    (ADAM, 4, None, 2.0), (ADAM, 2, None, 2 ** 0.5), (ADAM, 16, None, None), (ADAM, 4, False, 1.0),
     (SGD, 4, None, 1.0)])
 def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, scale):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(local(1e-3), "mse")
     plan = plan_fit(Settings(mode=mode, batch_split=split), model, workers, 64, samples=10_000)
+    if scale is None:  # beyond 4 workers: ramped in the synchronous mode, off in the asynchronous one
+        scale = 4.0 if mode == "synchronous" else 1.0
+    warmup = scale > 2.0
     assert plan.learning_rate_scale == pytest.approx(scale)
     assert plan.as_dict()["learning_rate_scale"] == pytest.approx(scale)
+    assert plan.learning_rate_warmup is plan.as_dict()["learning_rate_warmup"] is warmup
+    assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == warmup
     assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
 
@@ -104,7 +134,7 @@ def test_a_loss_scale_optimizers_inner_rate_is_scaled():
     assert float(opt.inner_optimizer.learning_rate) == pytest.approx(0.02)
 
 
-def _first_step(model, scale, data):
+def _first_step(model, scale, data, **settings):
     """The center's move after one whole-batch Adam step of a one-worker partition trained at ``scale``."""
     model_bytes = model_to_bytes(model)
     run = f"scale-{scale}-{id(model)}"
@@ -113,7 +143,7 @@ def _first_step(model, scale, data):
         run=run, epoch=0, model_bytes=model_bytes, fingerprint=fingerprint(model_bytes), optimizer=O.Downpour(),
         window=1, batch_size=len(data[0]), mode="asynchronous", ps_url="in-process", token="t", read_timeout=5.0,
         shuffle=False, learning_rate=settable_learning_rate(model.optimizer))
-    worker.run_partition(dataclasses.replace(spec, learning_rate_scale=scale), 0, 1, [data], _Direct(store))
+    worker.run_partition(dataclasses.replace(spec, learning_rate_scale=scale, **settings), 0, 1, [data], _Direct(store))
     return [c - w for c, w in zip(store.center(), model.get_weights(), strict=True)]
 
 
@@ -172,3 +202,55 @@ def test_the_simulator_trains_at_the_plans_factor(mode, unscaled):
     assert default.optimizer.sqrt_scaling is True and default.optimizer.outer.momentum == 0.0
     for a, b in zip(plain, scaled, strict=True):
         np.testing.assert_allclose(b, a * math.sqrt(4), rtol=1e-3)
+
+
+def test_a_first_epochs_task_ramps_the_factor_over_its_pass(monkeypatch):
+    """With the warm-up on, a task's first step is at the compiled rate, each next one a step closer to the
+    factor; without it every step is at the factor (the first step moves the center accordingly)."""
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 2)).astype("float32"))
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.compile(ADAM(1e-3), "mse")
+        return m
+
+    seen = []
+    set_rate = backends.Stepper.set_learning_rate
+    monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (seen.append(rate),
+                                                                                    set_rate(self, rate)))
+    m = model()
+    model_bytes = model_to_bytes(m)
+    store = Store(m.get_weights(), O.Downpour(), "asynchronous", 1, "ramp")
+    spec = worker.TaskSpec(
+        run="ramp", epoch=0, model_bytes=model_bytes, fingerprint=fingerprint(model_bytes), optimizer=O.Downpour(),
+        window=1, batch_size=16, mode="asynchronous", ps_url="in-process", token="t", read_timeout=5.0,
+        shuffle=False, learning_rate=1e-3, learning_rate_scale=4.0, learning_rate_warmup=True)
+    stats = worker.run_partition(spec, 0, 1, [data], _Direct(store))[0]
+    assert seen == pytest.approx([1e-3, 1.75e-3, 2.5e-3, 3.25e-3])  # 4 steps of 16
+    assert stats["learning_rate"] == pytest.approx(1e-3)
+    assert worker.pass_rates(dataclasses.replace(spec, learning_rate_warmup=False), 64) is None
+    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=None), 64) is None  # a schedule: not ramped
+
+    whole = (data[0], data[1])
+    plain, ramped = _first_step(model(), 1.0, whole), _first_step(model(), 4.0, whole, learning_rate_warmup=True)
+    for a, b in zip(plain, ramped, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)  # a one-step pass trains at the compiled rate
+
+
+def test_the_simulator_ramps_the_factor_in_the_first_epoch_only(monkeypatch):
+    seen = []
+    set_rate = backends.Stepper.set_learning_rate
+    monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (seen.append(round(rate, 9)),
+                                                                                    set_rate(self, rate)))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(256, 3)).astype("float32")
+    y = x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32")
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(ADAM(1e-3), "mse")
+    fit = O.simulate_fit(m, x, y, epochs=3, batch_size=64, num_workers=16, mode="synchronous", shuffle=False)
+    assert fit.optimizer.sqrt_scaling is True
+    ramp = [round(r, 9) for r in worker.ramped_rates(1e-3, 4.0, 4)]  # 16 samples per worker, batches of 4
+    assert seen == ramp * 16 + [round(4e-3, 9)] * 16  # each worker's first pass climbs, its second is at the factor
