@@ -66,6 +66,8 @@ def test_beyond_four_workers_the_synchronous_default_ramps_its_factor(name, loca
 def test_a_ramp_starts_at_the_compiled_rate_and_climbs_to_the_factor():
     assert worker.ramped_rates(0.01, 3.0, 4) == pytest.approx([0.01, 0.015, 0.02, 0.025])
     assert worker.ramped_rates(0.01, 3.0, 0) == pytest.approx([0.01])
+    long = worker.ramped_rates(0.01, 3.0, 300)  # a long pass: the factor is whole after RAMP_STEPS steps
+    assert len(long) == 300 and long[64] == pytest.approx(0.02) and long[128:] == pytest.approx([0.03] * 172)
 
 
 def test_windowed_delayed_nesterov_under_sgd_keeps_its_windowed_momentum():
