@@ -152,7 +152,7 @@ class ScaledLocalRate:
         workers = max(int(num_workers), 1)
         if not self.sqrt_scaling or workers < 2:
             return ""
-        ramp = (", ramped up from the compiled rate over the first epoch when that is a number"
-                if workers > MAX_SCALED_WORKERS else "")
+        ramp = (f", ramped up from the compiled rate over the first epoch (its first {RAMP_STEPS} steps at most) "
+                "when that is a number" if workers > MAX_SCALED_WORKERS else "")
         return (f"; the workers train at sqrt({workers}) = {math.sqrt(workers):.3g} times the compiled learning rate "
                 f"for the adaptive optimizer's steps on the split batch{ramp} (sqrt_scaling=False turns it off)")
