@@ -33,6 +33,7 @@ from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warn
 from elephant.fit.report import FitReport
 from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
+from elephant.optimizers.local import settable_rate
 from elephant.sources import Source, source
 from elephant.worker import TaskSpec, shuffle_key
 
@@ -122,11 +123,10 @@ def settable_learning_rate(local: Any) -> float | None:
     """The current learning rate of a compiled Keras optimizer, or None if it is a schedule (not settable)."""
     import keras
 
-    inner = getattr(local, "inner_optimizer", local)  # a LossScaleOptimizer's rate is its inner one's
-    rate = getattr(inner, "_learning_rate", None)
-    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+    if not settable_rate(local):
         return None
-    return float(np.asarray(keras.ops.convert_to_numpy(rate)))
+    inner = getattr(local, "inner_optimizer", None) or local  # a LossScaleOptimizer's rate is its inner one's
+    return float(np.asarray(keras.ops.convert_to_numpy(inner._learning_rate)))
 
 
 def follow_learning_rate(local, previous: float | None, store) -> float | None:

@@ -136,6 +136,7 @@ class ScaledLocalRate:
         """Whether the first epoch ramps the workers' factor up (a factor above 2 on a numeric rate)."""
         return (self.local_rate_scale(local, num_workers, batch_split) > math.sqrt(MAX_SCALED_WORKERS)
                 and settable_rate(local))
+
     def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None):
         """This rule with ``sqrt_scaling`` decided and, when the user gave none, the outer momentum: 0 when
         the workers' rate is scaled (no gain on top of it), else ``unscaled_momentum``; ``self`` if nothing changes."""
