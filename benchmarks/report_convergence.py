@@ -24,11 +24,14 @@ DEFAULTS = ("sync-default", "sync-w8", "sync-epoch", "async-default", "async-epo
 
 
 def _load(engine: str) -> list[dict]:
-    """Rows of ``convergence_<engine>.json`` and of its tagged parts (``convergence_<engine>_<tag>.json``)."""
-    rows = {}
-    for path in sorted(glob.glob(os.path.join(RESULTS, f"convergence_{engine}*.json"))):
+    """Rows of ``convergence_<engine>.json`` and of its tagged parts (``convergence_<engine>_<tag>.json``); where
+    several files hold the same workload, configuration, workers and seed, the most recent run's row (``meta.time``)."""
+    rows, files = {}, []
+    for path in glob.glob(os.path.join(RESULTS, f"convergence_{engine}*.json")):
         with open(path) as f:
-            found = json.load(f)["rows"]
+            data = json.load(f)
+        files.append((str((data.get("meta") or {}).get("time", "")), path, data["rows"]))
+    for _, _, found in sorted(files):
         # plain Keras' wall time varies between runs (up to 1.6x on this VM): a row's time ratio
         # is taken against the plain fit of its own run, where that run has one
         walls = {(r["workload"], r["seed"]): r["wall"] for r in found if r["config"] == "plain" and "wall" in r}

@@ -31,7 +31,8 @@ __all__ = ["DEFAULT_OPTIMIZERS", "FitArgs", "Settings", "check_frequency", "chec
 #: The distributed optimizer of each mode when ``SparkModel(optimizer=None)``; chosen by
 #: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
 #: progress, split the batch among the workers and either take an outer Nesterov step (SGD)
-#: or, at 2 to 4 workers, train them at ``√K`` times an adaptive optimizer's rate (Adam, RMSprop...).
+#: or, at 2 to 4 workers, train them at ``√K`` times an adaptive optimizer's rate (Adam, RMSprop...);
+#: at 5 to 32 the same, ramped up over the first epoch (asynchronous: with windows only).
 DEFAULT_OPTIMIZERS = {"synchronous": "modelaveraging", "asynchronous": "delayednesterov", "hogwild": "downpour"}
 
 

@@ -16,11 +16,11 @@ from typing import Any
 from elephant.config import Settings
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
-from elephant.optimizers.local import adapts_step_size
+from elephant.optimizers.local import MAX_SCALED_WORKERS, adapts_step_size
 
-__all__ = ["COSTS", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning", "decide_window",
-           "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size", "overlap_warning",
-           "plan_fit", "window_cap"]
+__all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning",
+           "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size",
+           "overlap_warning", "plan_fit", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
@@ -36,13 +36,20 @@ COSTS = {"commit_fixed_ms": 2.0, "commit_ms_per_mb": 4.0, "step_fixed_ms": 1.0, 
 MIN_SYNCS_PER_PASS = 8
 MAX_WINDOW = 128
 #: Accuracy's bound on a round when ``K`` workers split the global batch: at most this many local steps over
-#: all workers (a window of ``ROUND_STEPS // K``, never below the rule's floor). Under the split each worker's
+#: all workers (a window of ``ROUND_STEPS // K``, never below the rule's floor or ``ROUND_MIN_WINDOW``, whichever
+#: is less). Under the split each worker's
 #: step sees ``1/K`` of the batch, so its noise grows with ``K``; the workers' weights drift apart with that
 #: noise times the steps of the window, and averaging loses what they drift. Measured in the simulator at 8
 #: workers (docs/convergence.md): windows of 35 and 47 steps left a GRU and a Conv2D 11 and 17 points behind
 #: plain Keras after one epoch, windows of 16 steps 5.5 and 2.7; 2 and 4 workers' decided windows (15 to 28)
 #: are below the bound and unchanged.
 ROUND_STEPS = 128
+#: The least window the round bound gives a rule whose floor is above it (the asynchronous default's 32
+#: steps, kept at 2 and 4 workers): with the workers' rate scaled, the asynchronous default on those two
+#: tasks was 10.0 and 19.7 points behind plain Keras after one epoch at 8 workers with windows of 16 steps,
+#: 18.1 and 38.8 with 32; at 16 workers 14.0 and 16.2 with windows of 8, 18.2 and 36.7 with 16
+#: (docs/convergence.md).
+ROUND_MIN_WINDOW = 8
 
 
 def estimate_step_ms(params: int, batch_size: int, cores: int = 1) -> float:
@@ -66,7 +73,8 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     ``floor`` (the window the small workloads were measured at) and at most
     ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
     the global batch, ``ROUND_STEPS / workers`` (fewer synchronisations lose
-    accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``). Where the
+    accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``; the round
+    bound may go below a floor above :data:`ROUND_MIN_WINDOW`, down to it). Where the
     budget needs a longer window than that, accuracy wins and the fit spends more
     than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
@@ -81,9 +89,11 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
 
 def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,
                max_window: int = MAX_WINDOW, workers: int = 1) -> int:
-    """The longest window accuracy allows: ``max_window``, ``min_syncs`` per pass and ``ROUND_STEPS`` over the
-    ``workers`` that split the batch, never below ``floor``."""
-    return max(floor, min(max_window, steps_per_pass // max(min_syncs, 1), ROUND_STEPS // max(workers, 1)))
+    """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``, and
+    ``ROUND_STEPS`` over the ``workers`` that split the batch, never below ``floor`` or :data:`ROUND_MIN_WINDOW`,
+    whichever is less."""
+    per_pass = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
+    return max(min(floor, ROUND_MIN_WINDOW), min(per_pass, ROUND_STEPS // max(workers, 1)))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -227,12 +237,21 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
                          window: int | None) -> str | None:
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
-    Measured with the asynchronous default on long passes (DelayedNesterov, windows of 32 steps, no outer
-    momentum), with the workers' rate scaled (2 to 4 workers) and without; ``window`` is the fit's (None: one
-    commit per pass, which the warning leaves alone).
+    Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
+    rate scaled at 2 to 4 workers (windows of 32 steps) and, ramped, at 8 (windows of 16), and unscaled (windows
+    of 32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone).
     """
     if rule.name != "delayednesterov" or not adaptive or num_workers < 4 or window is None:
         return None
+    if getattr(rule, "sqrt_scaling", None) and num_workers > MAX_SCALED_WORKERS:  # sqrt(K), ramped up
+        return (
+            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
+            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
+            "seeds) 2.2 to 12.0 points behind plain Keras after a first epoch on a GRU trained with Adam and 10.0 to "
+            "20.3 on a Conv2D trained with RMSprop, and after the second within 1.1 points on the GRU and 2.2 to 3.4 "
+            "behind on the Conv2D. For fits of one or two epochs prefer mode='synchronous', or check the first "
+            "epochs against a short plain Keras run."
+        )
     if getattr(rule, "sqrt_scaling", None):  # the workers train at sqrt(K) times the rate (2 to 4 workers)
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "

@@ -51,8 +51,8 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
 
     On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
     commits every ``window`` steps instead, the window decided from the fit's
-    costs (32 to 128 steps, at most 128/K with K workers but never below 32;
-    8 commits per pass or more), because one outer step
+    costs (32 to 128 steps, at most 128/K with K workers but never below 8:
+    16 at 8 workers; 8 commits per pass or more), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block
     momentum it lands ``1 + β`` times the workers' mean progress away from the
     start. Such windowed fits run without outer momentum
@@ -65,6 +65,12 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     (``sqrt_scaling``, :class:`~elephant.optimizers.local.ScaledLocalRate`) and the
     default has no outer momentum, per pass or windowed: asynchronous model
     averaging of workers whose mean step is about one step of the full batch.
+    With windows the same holds from 5 to 32 workers when the compiled rate is
+    a number, the factor ramped up from 1 over the first epoch as
+    :class:`~elephant.optimizers.ModelAveraging` does; with one commit per
+    pass it does not (each worker would train a whole pass alone at up to
+    four times the rate: measured worse, docs/convergence.md) and the block
+    momentum stays.
 
     Args:
         window: local steps per commit. Default None: one commit per pass.
@@ -76,7 +82,8 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         staleness_bound: optional SSP bound; default None (unbounded).
         sqrt_scaling: the workers train at ``√K`` times the compiled rate;
             None (default) decides it at fit start (on for an adaptive
-            optimizer on a batch split among 2 to 4 workers), True or False forces it.
+            optimizer on a batch split among 2 to 4 workers, and with windows
+            among 5 to 32 with a numeric rate, ramped), True or False forces it.
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
     Modeling", arXiv:2401.09135, 2024 (Delayed Nesterov); K. Chen, Q. Huo,
@@ -99,18 +106,22 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
 
     def setup_warning(self, window, num_workers, batch_split):
-        if window is not None and window < self.window_from_costs and num_workers >= 4:
+        # a fit's windowed rule has no outer momentum unless the user gave one (for_fit): then no warning
+        if window is not None and window < self.window_from_costs and num_workers >= 4 and self.outer.momentum != 0:
             return (
-                f"DelayedNesterov with a window of {window} steps and {num_workers} workers: a worker's next delta is "
-                "measured from a center that lacks the others' latest deltas, and the outer momentum amplifies that; "
-                "benchmarks/convergence.py measured windows of 8 steps 17 to 22 points behind plain Keras at 4-8 "
-                f"workers. Keep the default (one commit per pass on short passes, windows of {self.window_from_costs} "
-                "steps or more on long ones) or pass outer_momentum=0."
+                f"DelayedNesterov with a window of {window} steps, {num_workers} workers and outer momentum: a "
+                "worker's next delta is measured from a center that lacks the others' latest deltas, and the outer "
+                "momentum amplifies that; benchmarks/convergence.py measured windows of 8 steps with block momentum "
+                "17 to 22 points behind plain Keras at 4-8 workers. Keep the default (one commit per pass on short "
+                "passes, windows without outer momentum on long ones) or pass outer_momentum=0."
             )
         return super().setup_warning(window, num_workers, batch_split)
 
     def for_fit(self, local, num_workers, batch_split, window):
-        return self.resolved_for_fit(local, num_workers, batch_split, None if window is None else WINDOWED_MOMENTUM)
+        # windows (long passes) scale the workers' rate beyond 4 workers too, ramped; one commit per pass does not
+        windowed = window is not None
+        return self.resolved_for_fit(local, num_workers, batch_split, WINDOWED_MOMENTUM if windowed else None,
+                                     ramps=windowed)
 
     def describe(self, num_workers):
         return f"{self!r}; {self.outer.describe(num_workers)}{self.describe_scaling(num_workers)}"

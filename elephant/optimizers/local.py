@@ -60,7 +60,8 @@ def check_sqrt_scaling(sqrt_scaling):
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step
 #: (``√K`` at most 2). Beyond, a rate ten times Keras' default trained at ``√K`` times it from
 #: the start collapsed (docs/convergence.md); the synchronous default ramps the factor up over
-#: the first epoch instead (:data:`MAX_RAMPED_WORKERS`), the asynchronous one keeps its outer step.
+#: the first epoch instead (:data:`MAX_RAMPED_WORKERS`), and so does the asynchronous one with windows
+#: (with one commit per pass it keeps its outer step).
 MAX_SCALED_WORKERS = 4
 
 #: The most workers at which ``sqrt_scaling=None`` scales a rule that ramps (``ramps_scaling``):
@@ -109,15 +110,17 @@ class ScaledLocalRate:
     ``sqrt_scaling=None`` (the default) is decided by ``for_fit``: on when the
     batch is split among 2 to :data:`MAX_SCALED_WORKERS` workers and the model's
     optimizer adapts its step size, and for a rule whose ``ramps_scaling`` is
-    True also up to :data:`MAX_RAMPED_WORKERS` workers when the compiled rate is
+    True (or whose ``for_fit`` passes ``ramps=True``: DelayedNesterov with windows)
+    also up to :data:`MAX_RAMPED_WORKERS` workers when the compiled rate is
     a number. True scales whenever there are several workers; False never.
     """
 
     sqrt_scaling: bool | None = None
     ramps_scaling: bool = False  # whether the default scales beyond MAX_SCALED_WORKERS, ramped
 
-    def scaling_for_fit(self, local: Any, num_workers: int, batch_split: bool) -> bool:
-        """Whether this rule's workers train at a scaled rate in a fit with these settings."""
+    def scaling_for_fit(self, local: Any, num_workers: int, batch_split: bool, ramps: bool | None = None) -> bool:
+        """Whether this rule's workers train at a scaled rate in a fit with these settings; ``ramps``
+        (None: ``ramps_scaling``) says whether the default scales, ramped, beyond :data:`MAX_SCALED_WORKERS`."""
         if self.sqrt_scaling is not None:
             return self.sqrt_scaling
         workers = int(num_workers)
@@ -125,7 +128,8 @@ class ScaledLocalRate:
             return False
         if workers <= MAX_SCALED_WORKERS:
             return True
-        return self.ramps_scaling and workers <= MAX_RAMPED_WORKERS and settable_rate(local)
+        ramps = self.ramps_scaling if ramps is None else ramps
+        return ramps and workers <= MAX_RAMPED_WORKERS and settable_rate(local)
 
     def local_rate_scale(self, local: Any, num_workers: int, batch_split: bool) -> float:
         """``√K`` when the workers train at a scaled rate, else 1."""
@@ -137,10 +141,11 @@ class ScaledLocalRate:
         return (self.local_rate_scale(local, num_workers, batch_split) > math.sqrt(MAX_SCALED_WORKERS)
                 and settable_rate(local))
 
-    def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None):
+    def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None,
+                         ramps: bool | None = None):
         """This rule with ``sqrt_scaling`` decided and, when the user gave none, the outer momentum: 0 when
         the workers' rate is scaled (no gain on top of it), else ``unscaled_momentum``; ``self`` if nothing changes."""
-        scaled = self.scaling_for_fit(local, num_workers, batch_split)
+        scaled = self.scaling_for_fit(local, num_workers, batch_split, ramps)
         momentum = self.outer.momentum
         if momentum is None and int(num_workers) >= 2:
             momentum = 0.0 if scaled else unscaled_momentum

@@ -7,8 +7,9 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_STEPS, FitPlan, WindowChoice, decide_window,
-                               decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs, plan_fit)
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, FitPlan, WindowChoice,
+                               decide_window, decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs,
+                               plan_fit)
 from elephant.optimizers import Compressed, ModelAveraging
 
 
@@ -73,17 +74,18 @@ def test_decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pa
     assert decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass) == expected
 
 
-@pytest.mark.parametrize("workers, expected", [
-    (1, 32),    # no split: the budget's 32 steps
-    (2, 32),    # 2 and 4 workers: below ROUND_STEPS / K (64, 32), unchanged
-    (4, 32),
-    (8, ROUND_STEPS // 8),   # 8 workers splitting the batch: a round holds at most ROUND_STEPS steps
-    (16, 8),    # ... and never below the rule's floor
-    (64, 8),
+@pytest.mark.parametrize("workers, expected, expected_async", [
+    (1, 32, 32),    # no split: the budget's 32 steps
+    (2, 32, 32),    # 2 and 4 workers: below ROUND_STEPS / K (64, 32), unchanged
+    (4, 32, 32),
+    (8, ROUND_STEPS // 8, ROUND_STEPS // 8),  # 8 workers splitting the batch: a round holds at most ROUND_STEPS steps
+    (16, 8, ROUND_MIN_WINDOW),  # ... never below the rule's floor (8), nor below 8 for a floor above it (32)
+    (64, 8, ROUND_MIN_WINDOW),
 ])
-def test_a_round_of_workers_splitting_the_batch_is_bounded_in_steps(workers, expected):
+def test_a_round_of_workers_splitting_the_batch_is_bounded_in_steps(workers, expected, expected_async):
     assert decide_window(8, 12.0, 20.0, 100_000, 0.05, workers=workers) == expected
-    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == 32  # the floor wins
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == expected_async
+    assert decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers) is None  # short: once per pass
 
 
 def test_the_round_bound_applies_only_when_the_batch_is_split():
@@ -210,7 +212,9 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
 
 @pytest.mark.parametrize("workers, model, samples, settings, warned", [
     (4, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # windows of 32, the rate scaled: 5-8 behind
-    (8, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # not scaled: measured 20-30 points behind
+    (8, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # scaled and ramped: 2-20 behind after one
+    (8, _adam_model, 100_000, {"mode": "asynchronous", "optimizer": {"name": "delayednesterov",
+                                                                     "config": {"sqrt_scaling": False}}}, True),
     (4, _adam_model, 100_000, {"mode": "asynchronous", "optimizer": {"name": "delayednesterov",
                                                                      "config": {"sqrt_scaling": False}}}, True),
     (2, _adam_model, 100_000, {"mode": "asynchronous"}, False),   # measured within the target at 2 workers
@@ -227,6 +231,9 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
     if warned and plan.learning_rate_scale == 1.0:
         assert f"at {workers} workers" in found[0] and "20 to 30 points behind" in found[0]
         assert "mode='synchronous'" in found[0]
+    elif warned and workers > 4:
+        assert plan.learning_rate_warmup and f"at sqrt({workers}) times its rate" in found[0]
+        assert "Spark (8 workers, 3 seeds) 2.2 to 12.0 points behind" in found[0] and "mode='synchronous'" in found[0]
     elif warned:
         assert f"at {workers} workers" in found[0] and f"at sqrt({workers}) times its rate" in found[0]
         assert "2.4 to 8.9 points behind" in found[0] and "within 1.2 points after the second" in found[0]

@@ -16,7 +16,7 @@ from elephant import worker  # noqa: E402
 from elephant.config import Settings  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402
 from elephant.fit.loop import settable_learning_rate  # noqa: E402
-from elephant.fit.plan import plan_fit  # noqa: E402
+from elephant.fit.plan import ROUND_STEPS, plan_fit  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 
@@ -43,21 +43,27 @@ def test_the_workers_rate_factor_and_the_outer_momentum(name, local, workers, sp
     assert rule.sqrt_scaling == given.get("sqrt_scaling")  # the user's rule is not changed
 
 
-@pytest.mark.parametrize("name, local, workers, given, scale, warmup, momentum", [
-    ("modelaveraging", ADAM(1e-3), 8, {}, 8 ** 0.5, True, 0.0),     # synchronous: ramped beyond 4 workers
-    ("modelaveraging", RMSPROP(1e-3), 32, {}, 32 ** 0.5, True, 0.0),
-    ("modelaveraging", ADAM(1e-3), 33, {}, 1.0, False, None),       # beyond what was measured: the outer step
-    ("modelaveraging", ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)), 8, {}, 1.0, False, None),
-    ("modelaveraging", ADAM(1e-3), 4, {}, 2.0, False, 0.0),         # up to 4: the factor from the first step
-    ("modelaveraging", SGD(1e-2), 8, {}, 1.0, False, None),
-    ("delayednesterov", ADAM(1e-3), 5, {}, 1.0, False, None),       # asynchronous: the outer step beyond 4
-    ("delayednesterov", ADAM(1e-3), 9, {"sqrt_scaling": True}, 3.0, True, 0.0),  # unless asked for
-    ("modelaveraging", ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)), 9, {"sqrt_scaling": True},
-     3.0, False, 0.0),                                              # a schedule is scaled whole, not ramped
+DECAY = keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)
+
+
+@pytest.mark.parametrize("name, local, workers, window, given, scale, warmup, momentum", [
+    ("modelaveraging", ADAM(1e-3), 8, 16, {}, 8 ** 0.5, True, 0.0),     # synchronous: ramped beyond 4 workers
+    ("modelaveraging", RMSPROP(1e-3), 32, 8, {}, 32 ** 0.5, True, 0.0),
+    ("modelaveraging", ADAM(1e-3), 33, 8, {}, 1.0, False, None),        # beyond what was measured: the outer step
+    ("modelaveraging", ADAM(DECAY), 8, 16, {}, 1.0, False, None),
+    ("modelaveraging", ADAM(1e-3), 4, 32, {}, 2.0, False, 0.0),         # up to 4: the factor from the first step
+    ("modelaveraging", SGD(1e-2), 8, 16, {}, 1.0, False, None),
+    ("delayednesterov", ADAM(1e-3), 8, 16, {}, 8 ** 0.5, True, 0.0),    # asynchronous windows: ramped too
+    ("delayednesterov", RMSPROP(1e-3), 32, 16, {}, 32 ** 0.5, True, 0.0),
+    ("delayednesterov", ADAM(1e-3), 33, 16, {}, 1.0, False, 0.0),       # beyond: windows' momentum (none)
+    ("delayednesterov", ADAM(DECAY), 8, 16, {}, 1.0, False, 0.0),
+    ("delayednesterov", ADAM(1e-3), 5, None, {}, 1.0, False, None),     # one commit per pass: the outer step
+    ("delayednesterov", ADAM(1e-3), 9, None, {"sqrt_scaling": True}, 3.0, True, 0.0),  # unless asked for
+    ("modelaveraging", ADAM(DECAY), 9, 8, {"sqrt_scaling": True}, 3.0, False, 0.0),  # a schedule: scaled whole
 ])
-def test_beyond_four_workers_the_synchronous_default_ramps_its_factor(name, local, workers, given, scale, warmup,
-                                                                      momentum):
-    fitted = O.get(name, **given).for_fit(local, workers, True, None)
+def test_beyond_four_workers_the_windowed_defaults_ramp_their_factor(name, local, workers, window, given, scale,
+                                                                      warmup, momentum):
+    fitted = O.get(name, **given).for_fit(local, workers, True, window)
     assert fitted.local_rate_scale(local, workers, True) == pytest.approx(scale)
     assert fitted.local_rate_warmup(local, workers, True) is warmup
     assert fitted.outer.momentum == momentum  # None: the unscaled default, decided by the outer step
@@ -93,6 +99,18 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == warmup
     assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
+
+
+@pytest.mark.parametrize("samples, windowed", [(10_000, False), (400_000, True)])
+def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with_windows(samples, windowed):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(ADAM(1e-3), "mse")
+    plan = plan_fit(Settings(mode="asynchronous"), model, 8, 64, samples=samples)
+    assert (plan.window == ROUND_STEPS // 8) == windowed and (plan.window is None) != windowed
+    assert plan.learning_rate_scale == pytest.approx(8 ** 0.5 if windowed else 1.0)
+    assert plan.learning_rate_warmup is windowed
+    assert plan.rule.outer.momentum == (0.0 if windowed else None)  # one commit per pass: block momentum 1 - 1/K
+    assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == windowed
 
 
 def test_a_compressed_default_scales_as_its_inner_rule():
