@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from elephant.optimizers.local import inner_optimizer
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Stepper", "stepper", "variable_access"]
@@ -312,7 +314,7 @@ class JaxStepper(Stepper):
         if self._state is None:
             return super().set_learning_rate(rate)
         optimizer = self.model.optimizer
-        variable = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate
+        variable = inner_optimizer(optimizer)._learning_rate
         for i, v in enumerate(optimizer.variables):
             if v is variable:  # the live state's copy of it
                 self._state[_OPTIMIZER][i] = self._jax.numpy.asarray(rate, dtype=v.dtype)

@@ -31,7 +31,7 @@ from elephant import data as D
 from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.local import ramped_rates
+from elephant.optimizers.local import inner_optimizer, ramped_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
@@ -107,7 +107,7 @@ def train_at_rate(optimizer, rate: float | None, scale: float = 1.0) -> None:
     if rate is not None:
         optimizer.learning_rate = rate * scale
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's rate is its inner one's
+    inner = inner_optimizer(optimizer)  # a LossScaleOptimizer's rate is its inner one's
     current = getattr(inner, "_learning_rate", None)
     if scale == 1.0 or current is None or isinstance(current, _ScaledRate):
         return

@@ -33,7 +33,7 @@ from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warn
 from elephant.fit.report import FitReport
 from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
-from elephant.optimizers.local import settable_rate
+from elephant.optimizers.local import inner_optimizer, settable_rate
 from elephant.sources import Source, source
 from elephant.worker import TaskSpec, shuffle_key
 
@@ -125,8 +125,7 @@ def settable_learning_rate(local: Any) -> float | None:
 
     if not settable_rate(local):
         return None
-    inner = getattr(local, "inner_optimizer", None) or local  # a LossScaleOptimizer's rate is its inner one's
-    return float(np.asarray(keras.ops.convert_to_numpy(inner._learning_rate)))
+    return float(np.asarray(keras.ops.convert_to_numpy(inner_optimizer(local)._learning_rate)))
 
 
 def follow_learning_rate(local, previous: float | None, store) -> float | None:

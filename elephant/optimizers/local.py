@@ -13,8 +13,8 @@ from typing import Any
 
 from elephant.errors import ConfigError
 
-__all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_sqrt_scaling", "local_setting",
-           "ramped_rates", "settable_rate"]
+__all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_sqrt_scaling", "inner_optimizer",
+           "local_setting", "ramped_rates", "settable_rate"]
 
 
 #: Keras optimizers that divide each step by a running magnitude of the gradient (or
@@ -24,6 +24,11 @@ ADAPTIVE_OPTIMIZERS = frozenset(
 )
 
 
+def inner_optimizer(local: Any) -> Any:
+    """The optimizer that holds the rate and takes the steps: a ``LossScaleOptimizer``'s inner one, else ``local``."""
+    return getattr(local, "inner_optimizer", None) or local
+
+
 def adapts_step_size(local: Any) -> bool:
     """Whether a Keras optimizer normalises its steps (Adam, RMSprop, Adagrad, ...; not SGD).
 
@@ -31,14 +36,12 @@ def adapts_step_size(local: Any) -> bool:
     ``Adam`` counts), looking through a ``LossScaleOptimizer``; an unknown
     optimizer counts as not adaptive.
     """
-    local = getattr(local, "inner_optimizer", None) or local
-    return any(cls.__name__ in ADAPTIVE_OPTIMIZERS for cls in type(local).__mro__)
+    return any(cls.__name__ in ADAPTIVE_OPTIMIZERS for cls in type(inner_optimizer(local)).__mro__)
 
 
 def settable_rate(local: Any) -> bool:
     """Whether a Keras optimizer's learning rate is a number (a variable), not a schedule or a callable."""
-    inner = getattr(local, "inner_optimizer", None) or local
-    rate = getattr(inner, "_learning_rate", None)
+    rate = getattr(inner_optimizer(local), "_learning_rate", None)
     return rate is not None and not callable(rate)
 
 
