@@ -20,7 +20,7 @@ from elephant.optimizers.local import MAX_SCALED_WORKERS, adapts_step_size
 
 __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning",
            "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size",
-           "overlap_warning", "plan_fit", "window_cap"]
+           "overlap_warning", "plan_fit", "round_least", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
@@ -45,10 +45,11 @@ MAX_WINDOW = 128
 #: are below the bound and unchanged.
 ROUND_STEPS = 128
 #: The least window the round bound gives a rule whose floor is above it (the asynchronous default's 32
-#: steps, kept at 2 and 4 workers): with the workers' rate scaled, the asynchronous default on those two
-#: tasks was 10.0 and 19.7 points behind plain Keras after one epoch at 8 workers with windows of 16 steps,
-#: 18.1 and 38.8 with 32; at 16 workers 14.0 and 16.2 with windows of 8, 18.2 and 36.7 with 16
-#: (docs/convergence.md).
+#: steps, kept at 2 and 4 workers) when its workers train at a scaled rate: the asynchronous default on
+#: those two tasks was 10.0 and 19.7 points behind plain Keras after one epoch at 8 workers with windows of
+#: 16 steps, 18.1 and 38.8 with 32; at 16 workers 14.0 and 16.2 with windows of 8, 18.2 and 36.7 with 16
+#: (docs/convergence.md). Its workers at the compiled rate (SGD) keep the floor: a one-epoch SGD Conv1D at
+#: 16 workers was 6.9 points behind with windows of 8 and 1.3 with 32.
 ROUND_MIN_WINDOW = 8
 
 
@@ -65,7 +66,7 @@ def estimate_commit_ms(model_bytes: int) -> float:
 
 def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: int, budget: float, *,
                   per_pass: bool = False, workers: int = 1, min_syncs: int = MIN_SYNCS_PER_PASS,
-                  max_window: int = MAX_WINDOW) -> int | None:
+                  max_window: int = MAX_WINDOW, least: int = ROUND_MIN_WINDOW) -> int | None:
     """Local steps per commit so that committing costs at most ``budget`` of a worker's time, within accuracy's bounds.
 
     The window is the fewest steps whose compute time is at least
@@ -74,7 +75,7 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
     the global batch, ``ROUND_STEPS / workers`` (fewer synchronisations lose
     accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``; the round
-    bound may go below a floor above :data:`ROUND_MIN_WINDOW`, down to it). Where the
+    bound may go below the floor down to ``least``). Where the
     budget needs a longer window than that, accuracy wins and the fit spends more
     than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
@@ -84,16 +85,16 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     if per_pass and steps_per_pass < min_syncs * floor:
         return None
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
-    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window, workers)))
+    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window, workers, least)))
 
 
 def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,
-               max_window: int = MAX_WINDOW, workers: int = 1) -> int:
+               max_window: int = MAX_WINDOW, workers: int = 1, least: int = ROUND_MIN_WINDOW) -> int:
     """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``, and
-    ``ROUND_STEPS`` over the ``workers`` that split the batch, never below ``floor`` or :data:`ROUND_MIN_WINDOW`,
-    whichever is less."""
+    ``ROUND_STEPS`` over the ``workers`` that split the batch, never below ``floor`` or ``least``, whichever is
+    less (``least``: :data:`ROUND_MIN_WINDOW` where the workers' rate is scaled, else the rule's floor)."""
     per_pass = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
-    return max(min(floor, ROUND_MIN_WINDOW), min(per_pass, ROUND_STEPS // max(workers, 1)))
+    return max(min(floor, least), min(per_pass, ROUND_STEPS // max(workers, 1)))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -134,6 +135,8 @@ class WindowChoice:
         measured: whether the costs come from a finished epoch's timings.
         workers: the workers that split the global batch (1 without the batch split),
             which bound a round's steps (:data:`ROUND_STEPS`).
+        least: the least window the round bound gives a rule whose floor is above it
+            (:data:`ROUND_MIN_WINDOW` where the workers train at a scaled rate, else the floor).
     """
 
     window: int | None
@@ -146,18 +149,22 @@ class WindowChoice:
     budget: float
     measured: bool
     workers: int = 1
+    least: int = ROUND_MIN_WINDOW
 
     @classmethod
     def decide(cls, *, floor: int, per_pass: bool, model_bytes: int, step_ms: float, commit_ms: float,
-               steps_per_pass: int, budget: float, measured: bool, workers: int = 1) -> WindowChoice:
-        window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass, workers=workers)
-        return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured, workers)
+               steps_per_pass: int, budget: float, measured: bool, workers: int = 1,
+               least: int = ROUND_MIN_WINDOW) -> WindowChoice:
+        window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass, workers=workers,
+                               least=least)
+        return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured, workers,
+                   least)
 
     def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
         """The decision from measured costs (a fit that commits every ``window`` steps keeps doing so)."""
         return self.decide(floor=self.floor, per_pass=False, model_bytes=self.model_bytes, step_ms=step_ms,
                            commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
-                           measured=True, workers=self.workers)
+                           measured=True, workers=self.workers, least=self.least)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -167,13 +174,13 @@ class WindowChoice:
         steps = self.steps_per_pass if self.window is None else self.window
         share = self.commit_ms / (self.commit_ms + steps * self.step_ms)
         chosen = "one commit per pass" if self.window is None else f"window={self.window} steps"
-        cap = window_cap(self.floor, self.steps_per_pass, workers=self.workers)
+        cap = window_cap(self.floor, self.steps_per_pass, workers=self.workers, least=self.least)
         rounds = (f" and a round of {self.workers} workers sharing the batch holds at most {ROUND_STEPS} steps"
                   if self.workers > 1 else "")
         return (f"{chosen}, decided from {self.model_bytes / 2**20:.2f} MB of weights, "
                 f"{self.step_ms:.2f} ms per local step and {self.commit_ms:.2f} ms per commit ({how}) and "
                 f"{self.steps_per_pass} steps per pass: commits take ~{100 * share:.0f}% of a worker's time "
-                f"(comm_budget={self.budget:g}; windows of {self.floor} to {cap} steps, so that a pass keeps "
+                f"(comm_budget={self.budget:g}; windows of {min(self.floor, cap)} to {cap} steps, so that a pass keeps "
                 f"{MIN_SYNCS_PER_PASS} synchronisations where it can{rounds}; frequency= fixes the window)")
 
 
@@ -373,6 +380,14 @@ def model_size(model) -> tuple[int, int]:
 UNKNOWN_COMMIT_INTERVAL_S = 2.0
 
 
+def round_least(optimizer: Any, local: Any, num_workers: int, batch_split: bool) -> int:
+    """The least window the round bound may give ``optimizer`` (a rule that adapts its window) in this fit:
+    :data:`ROUND_MIN_WINDOW` where its workers train at a scaled rate with windows, else its floor."""
+    floor = optimizer.window_from_costs
+    windowed = optimizer.for_fit(local, num_workers, batch_split, floor)
+    return ROUND_MIN_WINDOW if windowed.local_rate_scale(local, num_workers, batch_split) > 1.0 else floor
+
+
 def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, samples: int | None = None,
              cores: int = 1, *, hosted: bool = False) -> FitPlan:
     """The plan of a fit of ``num_workers`` workers with ``settings`` for the compiled Keras ``model``.
@@ -399,7 +414,8 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         choice = WindowChoice.decide(
             floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=step_ms,
             commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False,
-            workers=num_workers if split else 1)
+            workers=num_workers if split else 1, least=round_least(settings.optimizer, model.optimizer, num_workers,
+                                                                     split))
         window = choice.window
     steps = window or steps_per_pass
     interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0

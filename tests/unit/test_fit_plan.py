@@ -9,7 +9,7 @@ from elephant.config import Settings
 from elephant.errors import ConfigError
 from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, FitPlan, WindowChoice,
                                decide_window, decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs,
-                               plan_fit)
+                               plan_fit, round_least)
 from elephant.optimizers import Compressed, ModelAveraging
 
 
@@ -86,6 +86,36 @@ def test_a_round_of_workers_splitting_the_batch_is_bounded_in_steps(workers, exp
     assert decide_window(8, 12.0, 20.0, 100_000, 0.05, workers=workers) == expected
     assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == expected_async
     assert decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers) is None  # short: once per pass
+
+
+@pytest.mark.parametrize("workers", [8, 16, 64])
+def test_below_its_floor_the_round_bound_goes_only_as_far_as_least(workers):
+    # least: 8 where the workers' rate is scaled, the floor (32) where they train at the compiled rate (SGD)
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers, least=32) == 32
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers, least=16) == max(
+        16, ROUND_STEPS // workers)
+    assert decide_window(8, 12.0, 20.0, 100_000, 0.05, workers=workers, least=32) == max(8, ROUND_STEPS // workers)
+
+
+@pytest.mark.parametrize("local, workers, least, window", [
+    ("adam", 16, ROUND_MIN_WINDOW, ROUND_MIN_WINDOW),  # scaled, ramped: windows bounded by the round
+    ("adam", 8, ROUND_MIN_WINDOW, ROUND_STEPS // 8),
+    ("sgd", 16, 32, 32),  # the compiled rate: the asynchronous default keeps its floor
+    ("sgd", 8, 32, 32),
+    ("adam", 64, 32, 32),  # beyond the ramped workers (32) the rate is not scaled either
+])
+def test_the_asynchronous_defaults_windows_go_below_its_floor_only_with_a_scaled_rate(local, workers, least, window):
+    model = _model(width=512, features=256)
+    model.compile(keras.optimizers.Adam(1e-3) if local == "adam" else keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+    plan = plan_fit(Settings(mode="asynchronous"), model, workers, 64, samples=4_000_000)
+    assert round_least(Settings(mode="asynchronous").optimizer, model.optimizer, workers, True) == least
+    assert plan.window_choice.least == least and plan.window == window
+    assert (plan.learning_rate_scale > 1.0) == (least == ROUND_MIN_WINDOW)
+    assert f"windows of {min(32, window)} to {window} steps" in plan.window_choice.describe()
+    measured = plan.rechecked([{"steps": 1000, "commits": 50, "seconds": 3.0, "comm_seconds": 2.0}])
+    assert measured.window_choice.least == least and measured.window == window  # and on re-check
+    synchronous = plan_fit(Settings(mode="synchronous"), model, workers, 64, samples=4_000_000)
+    assert synchronous.window == max(8, ROUND_STEPS // workers)  # the synchronous default's floor is 8 either way
 
 
 def test_the_round_bound_applies_only_when_the_batch_is_split():
