@@ -80,12 +80,15 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
     None, one commit per pass, on a pass too short for ``min_syncs`` windows of
-    ``floor`` steps: there the rule keeps the default it was measured with.
+    ``floor`` steps: there the rule keeps the default it was measured with at 2 to
+    4 workers. Where the round bound is below the floor (more workers, at a scaled
+    rate: ``least`` below ``floor``) the round's windows win on short passes too.
     """
-    if per_pass and steps_per_pass < min_syncs * floor:
+    cap = window_cap(floor, steps_per_pass, min_syncs, max_window, workers, least)
+    if per_pass and steps_per_pass < min_syncs * floor and cap >= floor:
         return None
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
-    return int(min(max(floor, needed), window_cap(floor, steps_per_pass, min_syncs, max_window, workers, least)))
+    return int(min(max(floor, needed), cap))
 
 
 def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,

@@ -51,8 +51,10 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
 
     On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
     commits every ``window`` steps instead, the window decided from the fit's
-    costs (32 to 128 steps, at most 128/K with K workers but never below 8:
-    16 at 8 workers; 8 commits per pass or more), because one outer step
+    costs (32 to 128 steps, at most 128/K with K workers, below 32 only where
+    the workers' rate is scaled and never below 8: 16 at 8 workers; 8 commits
+    per pass or more; there, beyond 4 workers, short passes take the same
+    windows, measured better than one commit per pass), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block
     momentum it lands ``1 + β`` times the workers' mean progress away from the
     start. Such windowed fits run without outer momentum
@@ -68,9 +70,9 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     With windows the same holds from 5 to 32 workers when the compiled rate is
     a number, the factor ramped up from 1 over the first epoch as
     :class:`~elephant.optimizers.ModelAveraging` does; with one commit per
-    pass it does not (each worker would train a whole pass alone at up to
-    four times the rate: measured worse, docs/convergence.md) and the block
-    momentum stays.
+    pass (``frequency="epoch"``) it does not (each worker would train a whole
+    pass alone at up to four times the rate: measured worse,
+    docs/convergence.md) and the block momentum stays.
 
     Args:
         window: local steps per commit. Default None: one commit per pass.
@@ -118,7 +120,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         return super().setup_warning(window, num_workers, batch_split)
 
     def for_fit(self, local, num_workers, batch_split, window):
-        # windows (long passes) scale the workers' rate beyond 4 workers too, ramped; one commit per pass does not
+        # windows (long passes, and short ones beyond 4 workers) scale the rate there too, ramped; one per pass does not
         windowed = window is not None
         return self.resolved_for_fit(local, num_workers, batch_split, WINDOWED_MOMENTUM if windowed else None,
                                      ramps=windowed)

@@ -85,7 +85,9 @@ def test_decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pa
 def test_a_round_of_workers_splitting_the_batch_is_bounded_in_steps(workers, expected, expected_async):
     assert decide_window(8, 12.0, 20.0, 100_000, 0.05, workers=workers) == expected
     assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == expected_async
-    assert decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers) is None  # short: once per pass
+    short = decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers)  # a pass under 8 * 32 steps
+    assert short == (None if workers <= 4 else expected_async)  # once per pass, unless the round's window is shorter
+    assert decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers, least=32) is None  # unscaled
 
 
 @pytest.mark.parametrize("workers", [8, 16, 64])
@@ -189,6 +191,24 @@ def test_the_asynchronous_default_keeps_one_commit_per_short_pass_and_windows_lo
     assert short.window is None and short.window_choice.window is None
     long = plan_fit(Settings(mode="asynchronous"), _model(), 2, 32, samples=200_000)
     assert long.window == long.window_choice.window >= 32
+
+
+@pytest.mark.parametrize("workers, local, window", [
+    (4, "adam", None),   # 2 to 4 workers: one commit per short pass, as measured
+    (8, "adam", 16),     # beyond: the workers' rate scaled, the round's windows on short passes too
+    (16, "adam", 8),
+    (32, "adam", 8),
+    (64, "adam", None),  # beyond the workers measured scaled (32): the compiled rate, once per pass
+    (8, "sgd", None),    # SGD: the compiled rate, once per pass
+])
+def test_beyond_four_workers_a_short_asynchronous_pass_commits_in_the_rounds_windows(workers, local, window):
+    model = _model()
+    model.compile(keras.optimizers.Adam(1e-3) if local == "adam" else keras.optimizers.SGD(0.01), "mse")
+    plan = plan_fit(Settings(mode="asynchronous"), model, workers, 64, samples=40 * 64)  # passes of 40 steps
+    assert plan.window == plan.window_choice.window == window
+    assert (plan.learning_rate_scale > 1.0) == (window is not None or workers <= 4)
+    assert plan.window_choice.steps_per_pass == 40
+    assert plan.rule.outer.momentum == (0.0 if plan.learning_rate_scale > 1.0 else None)  # else block momentum
 
 
 def test_a_plan_rechecks_its_window_from_the_first_epochs_timings():

@@ -90,8 +90,8 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(local(1e-3), "mse")
     plan = plan_fit(Settings(mode=mode, batch_split=split), model, workers, 64, samples=10_000)
-    if scale is None:  # beyond 4 workers: ramped in the synchronous mode, off in the asynchronous one
-        scale = 4.0 if mode == "synchronous" else 1.0
+    if scale is None:  # beyond 4 workers: ramped in both modes (the asynchronous one in the round's windows)
+        scale = 4.0
     warmup = scale > 2.0
     assert plan.learning_rate_scale == pytest.approx(scale)
     assert plan.as_dict()["learning_rate_scale"] == pytest.approx(scale)
@@ -101,11 +101,15 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
 
 
-@pytest.mark.parametrize("samples, windowed", [(10_000, False), (400_000, True)])
-def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with_windows(samples, windowed):
+@pytest.mark.parametrize("samples, frequency, windowed", [
+    (10_000, None, True),      # a short pass (157 steps): the round's windows all the same beyond 4 workers
+    (400_000, None, True),     # a long one
+    (10_000, "epoch", False),  # one commit per pass, asked for: block momentum, the compiled rate
+])
+def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with_windows(samples, frequency, windowed):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(ADAM(1e-3), "mse")
-    plan = plan_fit(Settings(mode="asynchronous"), model, 8, 64, samples=samples)
+    plan = plan_fit(Settings(mode="asynchronous", frequency=frequency), model, 8, 64, samples=samples)
     assert (plan.window == ROUND_STEPS // 8) == windowed and (plan.window is None) != windowed
     assert plan.learning_rate_scale == pytest.approx(8 ** 0.5 if windowed else 1.0)
     assert plan.learning_rate_warmup is windowed
