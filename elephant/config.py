@@ -32,7 +32,7 @@ __all__ = ["DEFAULT_OPTIMIZERS", "FitArgs", "Settings", "check_frequency", "chec
 #: ``benchmarks/convergence.py`` (docs/convergence.md): both defaults average the workers'
 #: progress, split the batch among the workers and either take an outer Nesterov step (SGD)
 #: or, at 2 to 4 workers, train them at ``√K`` times an adaptive optimizer's rate (Adam, RMSprop...);
-#: at 5 to 32 the same, ramped up over the first epoch (asynchronous: with windows only).
+#: at 5 to 64 the same, ramped up over the first epoch (asynchronous: with windows).
 DEFAULT_OPTIMIZERS = {"synchronous": "modelaveraging", "asynchronous": "delayednesterov", "hogwild": "downpour"}
 
 

@@ -72,7 +72,7 @@ class SparkModel:
             asynchronous mode and DOWNPOUR in hogwild mode; under an adaptive
             optimizer (Adam, RMSprop...) and 2 to 4 workers the first two train the workers at
             ``√K`` times its learning rate instead of the block momentum
-            (``sqrt_scaling``; the model keeps its rate), and at 5 to 32 workers with a numeric
+            (``sqrt_scaling``; the model keeps its rate), and at 5 to 64 workers with a numeric
             rate the same ramped up over the first epoch (the asynchronous one with windows only).
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.

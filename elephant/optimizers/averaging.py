@@ -55,7 +55,7 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     default outer step is plain averaging: the scaled rate already makes the
     mean delta about one step of the full batch, and block momentum on top of
     it was measured to overshoot in the first epochs (docs/convergence.md).
-    From 5 to 32 workers the same holds when the compiled rate is a number, with
+    From 5 to 64 workers the same holds when the compiled rate is a number, with
     the factor ramped up from 1 over the first epoch (``ramps_scaling``): from
     the first step it collapsed at high rates.
 
@@ -71,7 +71,7 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
         nesterov: Nesterov (default) or heavy-ball outer momentum.
         sqrt_scaling: the workers train at ``√K`` times the compiled rate;
             None (default) decides it at fit start (on for an adaptive
-            optimizer on a batch split among 2 to 4 workers, and 5 to 32 with a
+            optimizer on a batch split among 2 to 4 workers, and 5 to 64 with a
             numeric rate, ramped), True or False forces it.
 
     Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little",

@@ -67,7 +67,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     (``sqrt_scaling``, :class:`~elephant.optimizers.local.ScaledLocalRate`) and the
     default has no outer momentum, per pass or windowed: asynchronous model
     averaging of workers whose mean step is about one step of the full batch.
-    With windows the same holds from 5 to 32 workers when the compiled rate is
+    With windows the same holds from 5 to 64 workers when the compiled rate is
     a number, the factor ramped up from 1 over the first epoch as
     :class:`~elephant.optimizers.ModelAveraging` does; with one commit per
     pass (``frequency="epoch"``) it does not (each worker would train a whole
@@ -85,7 +85,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         sqrt_scaling: the workers train at ``√K`` times the compiled rate;
             None (default) decides it at fit start (on for an adaptive
             optimizer on a batch split among 2 to 4 workers, and with windows
-            among 5 to 32 with a numeric rate, ramped), True or False forces it.
+            among 5 to 64 with a numeric rate, ramped), True or False forces it.
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
     Modeling", arXiv:2401.09135, 2024 (Delayed Nesterov); K. Chen, Q. Huo,

@@ -49,13 +49,15 @@ DECAY = keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.5)
 @pytest.mark.parametrize("name, local, workers, window, given, scale, warmup, momentum", [
     ("modelaveraging", ADAM(1e-3), 8, 16, {}, 8 ** 0.5, True, 0.0),     # synchronous: ramped beyond 4 workers
     ("modelaveraging", RMSPROP(1e-3), 32, 8, {}, 32 ** 0.5, True, 0.0),
-    ("modelaveraging", ADAM(1e-3), 33, 8, {}, 1.0, False, None),        # beyond what was measured: the outer step
+    ("modelaveraging", ADAM(1e-3), 64, 8, {}, 8.0, True, 0.0),
+    ("modelaveraging", ADAM(1e-3), 65, 8, {}, 1.0, False, None),        # beyond what was measured: the outer step
     ("modelaveraging", ADAM(DECAY), 8, 16, {}, 1.0, False, None),
     ("modelaveraging", ADAM(1e-3), 4, 32, {}, 2.0, False, 0.0),         # up to 4: the factor from the first step
     ("modelaveraging", SGD(1e-2), 8, 16, {}, 1.0, False, None),
     ("delayednesterov", ADAM(1e-3), 8, 16, {}, 8 ** 0.5, True, 0.0),    # asynchronous windows: ramped too
     ("delayednesterov", RMSPROP(1e-3), 32, 16, {}, 32 ** 0.5, True, 0.0),
-    ("delayednesterov", ADAM(1e-3), 33, 16, {}, 1.0, False, 0.0),       # beyond: windows' momentum (none)
+    ("delayednesterov", ADAM(1e-3), 64, 8, {}, 8.0, True, 0.0),
+    ("delayednesterov", ADAM(1e-3), 65, 16, {}, 1.0, False, 0.0),       # beyond: windows' momentum (none)
     ("delayednesterov", ADAM(DECAY), 8, 16, {}, 1.0, False, 0.0),
     ("delayednesterov", ADAM(1e-3), 5, None, {}, 1.0, False, None),     # one commit per pass: the outer step
     ("delayednesterov", ADAM(1e-3), 9, None, {"sqrt_scaling": True}, 3.0, True, 0.0),  # unless asked for
