@@ -148,7 +148,8 @@ def _start(model, settings: Settings, args: FitArgs, runner, backend: str) -> Fi
     runner.check_devices(backend)
     plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples,
                     hosted=getattr(runner, "hosted", False))
-    for warning in plan.warnings(settings.mode) + [batch_hook_warning(args.callbacks)]:
+    epochs = args.epochs - args.initial_epoch
+    for warning in plan.warnings(settings.mode, epochs) + [batch_hook_warning(args.callbacks)]:
         if warning:
             log.warning(warning)
     log.info("%s; Keras backend %s, devices: %s", plan.describe(), backend, runner.devices)
