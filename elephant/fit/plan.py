@@ -254,9 +254,10 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     """
     if rule.name != "delayednesterov" or not adaptive or num_workers < 4 or window is None:
         return None
-    if getattr(rule, "sqrt_scaling", None) and epochs is not None and epochs > 2:
+    scaled = bool(getattr(rule, "sqrt_scaling", None))
+    if scaled and epochs is not None and epochs > 2:
         return None
-    if getattr(rule, "sqrt_scaling", None) and num_workers > MAX_SCALED_WORKERS:  # sqrt(K), ramped up
+    if scaled and num_workers > MAX_SCALED_WORKERS:  # sqrt(K), ramped up
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
             "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
@@ -265,7 +266,7 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
             "behind on the Conv2D. For fits of one or two epochs prefer mode='synchronous', or check the first "
             "epochs against a short plain Keras run."
         )
-    if getattr(rule, "sqrt_scaling", None):  # the workers train at sqrt(K) times the rate (2 to 4 workers)
+    if scaled:  # the workers train at sqrt(K) times the rate (2 to 4 workers)
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
             "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
