@@ -23,6 +23,8 @@ Run::
     python benchmarks/convergence.py                       # simulator grid (~30 min on 2 cores)
     python benchmarks/convergence.py --engine spark        # defaults on Spark, 2 and 4 workers
     python benchmarks/convergence.py --large --workers 2 4 8 --seeds 0   # MB models, big data, 1-2 epochs
+    python benchmarks/convergence.py --workloads sequences-gru-1pass textures-conv2d-1pass --workers 8 16 \
+        --configs sync-default async-default --seeds 0        # one pass over big data (workloads.ONE_PASS)
     python benchmarks/convergence.py --report              # table, plots, README section only
     python benchmarks/convergence.py --workloads digits-mlp --workers 2 --seeds 0 --configs sync-default
 

@@ -289,15 +289,29 @@ def waves(data_seed=0, n=60_000, length=64) -> Workload:
     return Workload("waves-conv1d", x, y, xt, yt, build, "accuracy", True, 1, 64, "SGD(0.01, momentum=0.9)")
 
 
+def sequences_one_pass(data_seed=0) -> Workload:
+    """As :func:`sequences` over 150 000 samples (135 000 to train on), trained for one epoch: one pass over
+    big data with an adaptive optimizer, where the first epoch's end is also the fit's."""
+    return dataclasses.replace(sequences(data_seed, n=150_000), name="sequences-gru-1pass", epochs=1)
+
+
+def textures_one_pass(data_seed=0) -> Workload:
+    """As :func:`textures` over 160 000 samples (144 000 to train on), trained for one epoch (``RMSprop``)."""
+    return dataclasses.replace(textures(data_seed, n=160_000), name="textures-conv2d-1pass", epochs=1)
+
+
 _BUILDERS = {"digits-mlp": digits, "signals-conv1d": signals, "shapes-conv2d": shapes,
              "friedman-regression": friedman, "overlap-tabular": overlap,
              "teacher-mlp-5mb": wide_mlp, "teacher-mlp-19mb": wide_mlp_xl, "textures-conv2d": textures,
-             "sequences-gru": sequences, "waves-conv1d": waves}
+             "sequences-gru": sequences, "waves-conv1d": waves,
+             "sequences-gru-1pass": sequences_one_pass, "textures-conv2d-1pass": textures_one_pass}
 NAMES = tuple(_BUILDERS)
 #: The small workloads of the first campaign (kilobyte models, 5-20 epochs over a few thousand samples).
 SMALL = NAMES[:5]
 #: Models of 1-20 MB over 27 000-90 000 samples, and a small model over 54 000, trained for 1-2 epochs.
-LARGE = NAMES[5:]
+LARGE = NAMES[5:10]
+#: One pass over 135 000-144 000 samples with an adaptive optimizer (the GRU and the Conv2D above).
+ONE_PASS = NAMES[10:]
 
 
 def make(name: str, data_seed: int = 0) -> Workload:

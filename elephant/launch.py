@@ -17,6 +17,11 @@ address``. When elephant makes the session it starts that JVM
 - for a local master, with ``SPARK_LOCAL_IP=127.0.0.1`` in its environment: the
   address is given, so the hostname check has nothing to say (and the
   embedded session is on loopback anyway).
+- for a local master, with a heap of a quarter of the machine's memory (at
+  least Spark's default of 1 GiB; :func:`local_driver_memory`): in local mode
+  that one JVM holds every executor's share of the data, and a fit of numpy
+  arrays keeps each worker's block there (shipped once as a broadcast, then
+  cached), so Spark's 1 GiB ran out on 300 MB of training data.
 
 The user's configuration wins. No logging configuration is passed when the
 JVM is not elephant's to start (``spark-submit``, a running context), or when
@@ -28,12 +33,16 @@ too), a ``--properties-file``, or ``log4j`` in ``SPARK_SUBMIT_OPTS``,
 ``JAVA_TOOL_OPTIONS``, ``JDK_JAVA_OPTIONS`` or ``_JAVA_OPTIONS``.
 ``SPARK_LOCAL_IP`` is set only when neither it nor ``SPARK_LOCAL_HOSTNAME`` is,
 no ``spark.driver.host`` is configured, and the configured master (``MASTER``,
-``--master``, ``spark.master``) is local or absent.
+``--master``, ``spark.master``) is local or absent; the heap only when that master
+is local or absent and no driver memory is configured (``spark.driver.memory``,
+``--driver-memory``, ``SPARK_DRIVER_MEMORY``, a ``--properties-file`` or
+``SPARK_CONF_DIR``, whose settings may hold it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import re
 import shlex
@@ -41,7 +50,8 @@ from collections.abc import Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOG_CONFIG", "is_local", "launch_settings", "logging_configured", "read_defaults", "submit_conf"]
+__all__ = ["LOG_CONFIG", "is_local", "launch_settings", "local_driver_memory", "logging_configured", "read_defaults",
+           "submit_conf"]
 
 #: The log4j2 configuration elephant starts the driver's JVM with (shipped as package data).
 LOG_CONFIG = pathlib.Path(__file__).with_name("log4j2.properties")
@@ -53,6 +63,21 @@ JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOption
 JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
+def local_driver_memory(physical_bytes: int | None = None) -> str:
+    """The heap elephant gives a local master's JVM: a quarter of ``physical_bytes``, at least 1 GiB, as ``"<MiB>m"``.
+
+    Args:
+        physical_bytes: the machine's memory; None: read from the operating system
+            (1 GiB, Spark's own default, where it cannot be read).
+    """
+    if physical_bytes is None:
+        try:
+            physical_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+            physical_bytes = 0
+    return f"{max(1024, physical_bytes // 4 // 2**20)}m"
+
+
 def is_local(master: str) -> bool:
     """Whether ``master`` runs executors inside the driver's JVM (``local``, ``local[N]``, ``local[N,F]``)."""
     return master.startswith("local") and not master.startswith("local-cluster")
@@ -62,15 +87,16 @@ def submit_conf(submit_args: str) -> dict[str, str]:
     """The settings ``PYSPARK_SUBMIT_ARGS`` gives ``spark-submit``, as Spark conf keys.
 
     ``--conf k=v``, ``--master``, ``--driver-java-options`` (as
-    ``spark.driver.extraJavaOptions``) and ``--properties-file`` (kept under
-    its option's name). A later value wins, as in ``spark-submit``.
+    ``spark.driver.extraJavaOptions``), ``--driver-memory`` (as
+    ``spark.driver.memory``) and ``--properties-file`` (kept under its
+    option's name). A later value wins, as in ``spark-submit``.
     """
     try:
         words = shlex.split(submit_args)
     except ValueError:  # unbalanced quotes: spark-submit will say so itself
         words = submit_args.split()
     options = {"--master": "spark.master", "--driver-java-options": "spark.driver.extraJavaOptions",
-               "--properties-file": "--properties-file"}
+               "--driver-memory": "spark.driver.memory", "--properties-file": "--properties-file"}
     conf: dict[str, str] = {}
     for i, word in enumerate(words):
         name, eq, inline = word.partition("=")
@@ -140,6 +166,9 @@ def launch_settings(env: Mapping[str, str], defaults: Mapping[str, str] | None =
         log.debug("Spark's logging is the user's (%s): the driver's JVM starts without elephant's", users)
     master = conf.get("spark.master") or env.get("MASTER")
     own_address = {"SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME"} & set(env) or "spark.driver.host" in conf
-    if (master is None or is_local(master)) and not own_address and "--properties-file" not in conf:
+    local = (master is None or is_local(master)) and "--properties-file" not in conf
+    if local and not own_address:
         variables["SPARK_LOCAL_IP"] = "127.0.0.1"
+    if local and "spark.driver.memory" not in conf and not {"SPARK_DRIVER_MEMORY", "SPARK_CONF_DIR"} & set(env):
+        settings["spark.driver.memory"] = local_driver_memory()
     return settings, variables

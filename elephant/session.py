@@ -283,7 +283,8 @@ def get_or_create():
 
 
 def local_session(master: str, app_name: str):
-    """A loopback-only local SparkSession with the UI, console progress bars and routine logs off."""
+    """A loopback-only local SparkSession with the UI, console progress bars and routine logs off, and the heap
+    an embedded session gets (:func:`elephant.launch.local_driver_memory`) where this starts the JVM."""
     from pyspark.sql import SparkSession
 
     return (
@@ -296,6 +297,7 @@ def local_session(master: str, app_name: str):
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "ERROR")
         .config("spark.python.daemon.module", "elephant.daemon")
+        .config("spark.driver.memory", launch.local_driver_memory())  # read only if this starts the JVM
         .config(f"spark.executorEnv.{TF_LOG_ENV}", os.environ.get(TF_LOG_ENV) or TF_LOG_QUIET)
         .config(f"spark.executorEnv.{framework.BACKEND_ENV}", framework.current_backend())
         .getOrCreate()

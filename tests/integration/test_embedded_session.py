@@ -1,4 +1,5 @@
-"""The session elephant makes, seen from a plain script: nothing of Spark's on stderr, active in the user's thread.
+"""The session elephant makes, seen from a plain script: nothing of Spark's on stderr, active in the user's thread,
+with the heap elephant gives a local JVM.
 
 One subprocess (one JVM start): a script with no Spark configuration of its own
 fits with ``verbose=1``, then with ``verbose=0``, on the embedded session.
@@ -14,6 +15,7 @@ import textwrap
 import pytest
 
 import elephant
+from elephant import launch
 
 _SCRIPT = textwrap.dedent("""
     import sys
@@ -32,6 +34,7 @@ _SCRIPT = textwrap.dedent("""
     sm.fit(x, y, epochs=2, batch_size=32, verbose=1)
     active = SparkSession.getActiveSession()
     print("ACTIVE", active is not None and active is sm.spark, sm.spark.sparkContext.master, flush=True)
+    print("HEAP", sm.spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20, flush=True)
     print("FIT verbose=0", flush=True)
     sm.fit(x, y, epochs=1, batch_size=32, verbose=0)
     print("DONE", flush=True)
@@ -68,3 +71,6 @@ def test_a_plain_script_shows_keras_progress_and_nothing_of_sparks_and_sees_the_
     assert "Epoch 1/2" in verbose and "Epoch 2/2" in verbose and "loss:" in verbose  # Keras' own progress bar
     assert quiet.strip().splitlines() == ["DONE"]  # verbose=0: nothing at all
     assert "ACTIVE True local[*]" in verbose  # getActiveSession() in the user's thread is the session elephant made
+    # the JVM that holds every worker's data got the larger heap (Spark's default is 1 GiB, ~910 MiB usable)
+    heap = int(re.search(r"^HEAP (\d+)$", verbose, re.M).group(1))
+    assert heap >= 0.9 * int(launch.local_driver_memory()[:-1]), verbose
