@@ -284,11 +284,13 @@ def get_or_create():
 
 def local_session(master: str, app_name: str):
     """A loopback-only local SparkSession with the UI, console progress bars and routine logs off, and the heap
-    an embedded session gets (:func:`elephant.launch.local_driver_memory`) where this starts the JVM."""
+    an embedded session gets (:func:`elephant.launch.launch_settings`: none where the user configured one)."""
     from pyspark.sql import SparkSession
 
+    heap = launch.launch_settings(os.environ, *spark_conf_directory())[0].get("spark.driver.memory")
+    builder = SparkSession.builder if heap is None else SparkSession.builder.config("spark.driver.memory", heap)
     return (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
@@ -297,7 +299,6 @@ def local_session(master: str, app_name: str):
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "ERROR")
         .config("spark.python.daemon.module", "elephant.daemon")
-        .config("spark.driver.memory", launch.local_driver_memory())  # read only if this starts the JVM
         .config(f"spark.executorEnv.{TF_LOG_ENV}", os.environ.get(TF_LOG_ENV) or TF_LOG_QUIET)
         .config(f"spark.executorEnv.{framework.BACKEND_ENV}", framework.current_backend())
         .getOrCreate()
