@@ -87,8 +87,14 @@ def _key(row) -> tuple:
     return (row["workload"], row["config"], row["workers"], row["seed"])
 
 
-def plain_keras(wl, seed: int) -> dict:
+def plain_keras(wl, seed: int, order: int = 0) -> dict:
+    """Plain ``model.fit`` from the seed's initial weights; ``order`` > 0 shuffles the samples in another order
+    (the same weights, another random seed for the shuffles) to measure how far plain Keras itself moves."""
     model = wl.build(seed)
+    if order:
+        import keras
+
+        keras.utils.set_random_seed(10_000 * order + seed)
     curve, t0 = [], time.perf_counter()
     train_seconds = 0.0
     for _ in range(wl.epochs):
@@ -187,6 +193,9 @@ def run(args) -> None:
                 row = {"workload": name, "config": "plain", "workers": 0, "seed": seed, **plain_keras(wl, seed)}
                 done[key] = row
                 print(f"{name} seed {seed} plain keras {row['final']:.4f} in {row['seconds']:.1f}s", flush=True)
+            if args.plain_orders:
+                _plain_orders(wl, name, seed, args.plain_orders, done)
+                _save(path, args.engine, done)
             for workers in args.workers:
                 if args.engine == "spark" and (spark is None or spark.sparkContext.defaultParallelism != workers):
                     spark = _spark(workers)
@@ -215,6 +224,20 @@ def run(args) -> None:
         spark.stop()
 
 
+def _plain_orders(wl, name: str, seed: int, orders: int, done: dict) -> None:
+    """Plain Keras from the seed's weights in ``orders`` more shuffle orders: one row ``plain-orders`` holding each
+    order's curve (the report's yardstick for a gap: the spread plain Keras has on its own)."""
+    key = (name, "plain-orders", 0, seed)
+    row = done.setdefault(key, {"workload": name, "config": "plain-orders", "workers": 0, "seed": seed,
+                                "orders": [], "finals": [], "curves": []})
+    for order in range(len(row["orders"]) + 1, orders + 1):
+        fit = plain_keras(wl, seed, order)
+        row["orders"].append(order)
+        row["finals"].append(fit["final"])
+        row["curves"].append(fit["curve"])
+        print(f"{name} seed {seed} plain keras, shuffle order {order}: {fit['final']:.4f}", flush=True)
+
+
 def _save(path, engine, done) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"engine": engine, "python": platform.python_version(), "machine": platform.machine(),
@@ -241,6 +264,9 @@ if __name__ == "__main__":
     parser.add_argument("--rate-multiplier", type=float, default=1.0,
                         help="compile every model at this many times its workload's rate (rows saved as "
                              "<workload>-lr<x>x): the defaults at a rate they were not measured at")
+    parser.add_argument("--plain-orders", type=int, default=0, metavar="N",
+                        help="also fit plain Keras from each seed's weights in N other shuffle orders: how far plain "
+                             "Keras moves on its own, against which the report reads each gap")
     parser.add_argument("--report", action="store_true", help="only write the report from saved results")
     args = parser.parse_args()
     for item in args.extra:

@@ -70,6 +70,9 @@ def _epochs_to_reach(workload: str, curve: list[float], reference: float) -> int
 def summarise(rows: list[dict]) -> dict:
     """``(workload, config, workers) -> stats`` over seeds, with plain Keras on the same seeds."""
     plain = {(r["workload"], r["seed"]): r for r in rows if r["config"] == "plain"}
+    # plain Keras' mean over shuffle orders (the reference fit and ``--plain-orders``), where measured
+    orders = {(r["workload"], r["seed"]): float(np.mean([plain[(r["workload"], r["seed"])]["final"], *r["finals"]]))
+              for r in rows if r["config"] == "plain-orders" and (r["workload"], r["seed"]) in plain}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["config"] != "plain" and "final" in r and (r["workload"], r["seed"]) in plain:
@@ -83,12 +86,15 @@ def summarise(rows: list[dict]) -> dict:
         # both sides evaluate the test set after every epoch: compare fit + evaluation wall times
         ratios = [r["seconds"] / r.get("plain_wall_same_run", plain[(workload, r["seed"])]["wall"])
                   for r in runs if r.get("engine") == "spark"]
+        over_orders = [gap(workload, r["final"], orders[(workload, r["seed"])]) for r in runs
+                       if (workload, r["seed"]) in orders]
         out[(workload, config, workers)] = {
             "final": float(finals.mean()), "spread": float(finals.max() - finals.min()),
             "plain": float(refs.mean()), "gap": float(gaps.mean()), "seeds": len(runs),
             "reach": None if None in reach else float(np.mean(reach)),
             "ratio": float(np.mean(ratios)) if ratios else None,
             "meets": meets(workload, config, float(finals.mean()), float(refs.mean())),
+            "gap_orders": float(np.mean(over_orders)) if len(over_orders) == len(runs) else None,
             "curve": np.mean([r["curve"] for r in runs], axis=0).tolist(),
             "plain_curve": np.mean([plain[(workload, r["seed"])]["curve"] for r in runs], axis=0).tolist(),
         }
@@ -104,18 +110,21 @@ def table(summary: dict, engine: str) -> str:
         "loss; negative = worse), the epochs until the center is within one point (5 % of the loss) "
         "of plain Keras' final value, and whether the target holds (defaults 1 point, rules 2 points)."
         + (" Time ratio: elephant's `fit` wall time over plain Keras' `fit`, both evaluating the test set after "
-           "every epoch, same cores, same run, Python workers already started." if engine == "spark" else ""),
+           "every epoch, same cores, same run, Python workers already started." if engine == "spark" else "")
+        + " Last column: the gap to plain Keras' mean over shuffle orders from the same weights, where measured "
+          "(`--plain-orders`; below).",
         "",
         "| workload | configuration | workers | final | spread | plain Keras | gap | epochs to reach | "
-        + ("time ratio | " if engine == "spark" else "") + "target |",
-        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if engine == "spark" else "") + "---|",
+        + ("time ratio | " if engine == "spark" else "") + "target | gap, plain over orders |",
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if engine == "spark" else "") + "---|---:|",
     ]
     for (workload, config, workers), s in sorted(summary.items()):
         reach = "never" if s["reach"] is None else f"{s['reach']:.1f}"
         ratio = (f"{s['ratio']:.2f} | " if s["ratio"] is not None else "– | ") if engine == "spark" else ""
         lines.append(
             f"| {workload} | {config} | {workers} | {s['final']:.4f} | {s['spread']:.4f} | {s['plain']:.4f} | "
-            f"{s['gap']:+.1f} | {reach} | {ratio}{'met' if s['meets'] else '**missed**'} |"
+            f"{s['gap']:+.1f} | {reach} | {ratio}{'met' if s['meets'] else '**missed**'} | "
+            f"{'–' if s['gap_orders'] is None else format(s['gap_orders'], '+.1f')} |"
         )
     return "\n".join(lines)
 
@@ -139,6 +148,33 @@ def compare(sim_rows: list[dict], spark_rows: list[dict], spark: dict) -> str:
         diff = gap(key[0], b["final"], a["final"])
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {a['final']:.4f} | {b['final']:.4f} | {diff:+.1f} | "
                      f"{'yes' if abs(diff) <= (2.0 if _higher_is_better(key[0]) else 10.0) else '**no**'} |")
+    return "\n".join(lines)
+
+
+def order_spread(rows: list[dict]) -> str:
+    """Plain Keras from each seed's weights in other shuffle orders (``convergence.py --plain-orders``): how far
+    plain Keras' own final metric moves, the yardstick a gap of a few seeds is read against."""
+    plain = {(r["workload"], r["seed"]): r["final"] for r in rows if r["config"] == "plain"}
+    found = sorted((r for r in rows if r["config"] == "plain-orders" and (r["workload"], r["seed"]) in plain),
+                   key=lambda r: (r["workload"], r["seed"]))
+    if not found:
+        return ""
+    lines = [
+        "### plain Keras across shuffle orders",
+        "",
+        "Plain `model.fit` from each seed's initial weights: the run the gaps above are taken against, then the same "
+        "weights with other shuffle orders. Standard deviation of the final metric over all of them (accuracy "
+        "points, or percent of the mean loss); the gap of one seed against one plain fit carries about √2 times "
+        "it, and the mean gap over n seeds about √(2/n) times.",
+        "",
+        "| workload | seed | plain Keras (the gaps' reference) | other orders | std |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for r in found:
+        finals = np.array([plain[(r["workload"], r["seed"])], *r["finals"]])
+        std = finals.std(ddof=1) * 100.0 / (1.0 if _higher_is_better(r["workload"]) else finals.mean())
+        lines.append(f"| {r['workload']} | {r['seed']} | {finals[0]:.4f} | "
+                     f"{', '.join(f'{v:.4f}' for v in finals[1:])} | {std:.2f} |")
     return "\n".join(lines)
 
 
@@ -180,11 +216,19 @@ def plots(summary: dict, engine: str) -> list[str]:
 def write() -> None:
     sections, summaries, loaded = [], {}, {}
     for engine in ("sim", "spark"):
-        rows = loaded[engine] = _load(engine)
+        loaded[engine] = _load(engine)
+    # plain Keras is the same fit under either engine: its other shuffle orders serve both
+    orders = {(r["workload"], r["seed"]): r for rows in loaded.values() for r in rows if r["config"] == "plain-orders"}
+    for engine in ("sim", "spark"):
+        rows = loaded[engine]
         if not rows:
             continue
+        rows += [r for r in orders.values() if r not in rows]
         summaries[engine] = summarise(rows)
         sections.append(table(summaries[engine], engine))
+        spread = order_spread(rows)
+        if spread and len(summaries) == 1:  # once, against the first engine's plain fits
+            sections.append(spread)
         plots(summaries[engine], engine)
     if "sim" in summaries and "spark" in summaries:
         sections.append(compare(loaded["sim"], loaded["spark"], summaries["spark"]))
