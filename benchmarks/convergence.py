@@ -242,6 +242,11 @@ def _save(path, engine, done) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"engine": engine, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M")}
+    if os.path.exists(path):  # a description written into the file by hand outlives the runs that add to it
+        with open(path) as f:
+            what = json.load(f)["meta"].get("what")
+        if what:
+            meta["what"] = what
     with open(path + ".tmp", "w") as f:
         json.dump({"meta": meta, "rows": sorted(done.values(), key=lambda r: tuple(map(str, _key(r))))}, f, indent=1)
     os.replace(path + ".tmp", path)
