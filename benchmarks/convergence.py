@@ -178,10 +178,13 @@ def with_rate(wl, multiplier: float) -> str:
 
 def run(args) -> None:
     path = os.path.join(RESULTS, f"convergence_{args.engine}{'_' + args.tag if args.tag else ''}.json")
-    done = {}
-    if os.path.exists(path) and not args.fresh:
+    done, what = {}, None
+    if os.path.exists(path):
         with open(path) as f:
-            for row in json.load(f)["rows"]:
+            saved = json.load(f)
+        what = saved["meta"].get("what")  # a description written into the file by hand outlives the runs
+        if not args.fresh:
+            for row in saved["rows"]:
                 done[_key(row)] = row
     spark = None
     for workload in args.workloads:
@@ -195,7 +198,7 @@ def run(args) -> None:
                 print(f"{name} seed {seed} plain keras {row['final']:.4f} in {row['seconds']:.1f}s", flush=True)
             if args.plain_orders:
                 _plain_orders(wl, name, seed, args.plain_orders, done)
-                _save(path, args.engine, done)
+                _save(path, args.engine, done, what)
             for workers in args.workers:
                 if args.engine == "spark" and (spark is None or spark.sparkContext.defaultParallelism != workers):
                     spark = _spark(workers)
@@ -218,8 +221,8 @@ def run(args) -> None:
                     final = row.get("final", float("nan"))
                     print(f"{name} seed {seed} K={workers} {config:15s} {final:.4f} ({final - base:+.4f}) "
                           f"in {row.get('seconds', float('nan')):.1f}s", flush=True)
-                    _save(path, args.engine, done)
-    _save(path, args.engine, done)
+                    _save(path, args.engine, done, what)
+    _save(path, args.engine, done, what)
     if spark is not None:
         spark.stop()
 
@@ -238,15 +241,12 @@ def _plain_orders(wl, name: str, seed: int, orders: int, done: dict) -> None:
         print(f"{name} seed {seed} plain keras, shuffle order {order}: {fit['final']:.4f}", flush=True)
 
 
-def _save(path, engine, done) -> None:
+def _save(path, engine, done, what: str | None = None) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"engine": engine, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M")}
-    if os.path.exists(path):  # a description written into the file by hand outlives the runs that add to it
-        with open(path) as f:
-            what = json.load(f)["meta"].get("what")
-        if what:
-            meta["what"] = what
+    if what:
+        meta["what"] = what
     with open(path + ".tmp", "w") as f:
         json.dump({"meta": meta, "rows": sorted(done.values(), key=lambda r: tuple(map(str, _key(r))))}, f, indent=1)
     os.replace(path + ".tmp", path)

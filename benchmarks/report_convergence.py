@@ -67,12 +67,20 @@ def _epochs_to_reach(workload: str, curve: list[float], reference: float) -> int
     return None
 
 
+def _plain_fits(rows: list[dict]) -> dict:
+    """``(workload, seed) -> finals`` of plain Keras where other shuffle orders were measured (``--plain-orders``):
+    the reference fit first, then the orders'."""
+    plain = {(r["workload"], r["seed"]): r["final"] for r in rows if r["config"] == "plain"}
+    return {(r["workload"], r["seed"]): np.array([plain[(r["workload"], r["seed"])], *r["finals"]])
+            for r in sorted(rows, key=lambda r: (r["workload"], r["seed"]))
+            if r["config"] == "plain-orders" and (r["workload"], r["seed"]) in plain}
+
+
 def summarise(rows: list[dict]) -> dict:
     """``(workload, config, workers) -> stats`` over seeds, with plain Keras on the same seeds."""
     plain = {(r["workload"], r["seed"]): r for r in rows if r["config"] == "plain"}
     # plain Keras' mean over shuffle orders (the reference fit and ``--plain-orders``), where measured
-    orders = {(r["workload"], r["seed"]): float(np.mean([plain[(r["workload"], r["seed"])]["final"], *r["finals"]]))
-              for r in rows if r["config"] == "plain-orders" and (r["workload"], r["seed"]) in plain}
+    orders = {key: float(finals.mean()) for key, finals in _plain_fits(rows).items()}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["config"] != "plain" and "final" in r and (r["workload"], r["seed"]) in plain:
@@ -154,9 +162,7 @@ def compare(sim_rows: list[dict], spark_rows: list[dict], spark: dict) -> str:
 def order_spread(rows: list[dict]) -> str:
     """Plain Keras from each seed's weights in other shuffle orders (``convergence.py --plain-orders``): how far
     plain Keras' own final metric moves, the yardstick a gap of a few seeds is read against."""
-    plain = {(r["workload"], r["seed"]): r["final"] for r in rows if r["config"] == "plain"}
-    found = sorted((r for r in rows if r["config"] == "plain-orders" and (r["workload"], r["seed"]) in plain),
-                   key=lambda r: (r["workload"], r["seed"]))
+    found = _plain_fits(rows)
     if not found:
         return ""
     lines = [
@@ -170,11 +176,10 @@ def order_spread(rows: list[dict]) -> str:
         "| workload | seed | plain Keras (the gaps' reference) | other orders | std |",
         "|---|---:|---:|---|---:|",
     ]
-    for r in found:
-        finals = np.array([plain[(r["workload"], r["seed"])], *r["finals"]])
-        std = finals.std(ddof=1) * 100.0 / (1.0 if _higher_is_better(r["workload"]) else finals.mean())
-        lines.append(f"| {r['workload']} | {r['seed']} | {finals[0]:.4f} | "
-                     f"{', '.join(f'{v:.4f}' for v in finals[1:])} | {std:.2f} |")
+    for (workload, seed), finals in found.items():
+        std = finals.std(ddof=1) * 100.0 / (1.0 if _higher_is_better(workload) else finals.mean())
+        lines.append(f"| {workload} | {seed} | {finals[0]:.4f} | {', '.join(f'{v:.4f}' for v in finals[1:])} | "
+                     f"{std:.2f} |")
     return "\n".join(lines)
 
 
@@ -223,7 +228,8 @@ def write() -> None:
         rows = loaded[engine]
         if not rows:
             continue
-        rows += [r for r in orders.values() if r not in rows]
+        known = {id(r) for r in rows}
+        rows += [r for r in orders.values() if id(r) not in known]
         summaries[engine] = summarise(rows)
         sections.append(table(summaries[engine], engine))
         spread = order_spread(rows)
