@@ -20,7 +20,9 @@ Keras keep theirs):
   workers' second moment averages ``K`` times as many steps (RMSprop's ``rho``, Adam's
   ``beta_2``: ``1 − (1 − d)/K``), so that it is taken over as many samples as plain
   training's; over RMSprop's 10 steps of 8 samples it is a noisy estimate, and the step,
-  the gradient divided by it, is no longer proportional to the gradient.
+  the gradient divided by it, is no longer proportional to the gradient. RMSprop's running
+  magnitude starts at 0 uncorrected, so its first steps are up to ``1/√(1 − rho)`` times the
+  rate; ``--debias`` divides it by ``1 − rho^t`` as Adam does.
 
 Every fit runs at a fixed window (``--frequency``; 16 is the defaults' at 8 workers).
 
@@ -39,6 +41,7 @@ gap: plain Keras' own spread").
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -49,7 +52,8 @@ sys.path.insert(0, HERE)
 
 WHAT = ("The workers' adaptive optimizer changed in the simulator (benchmarks/noise_scaled.py): factor, its "
         "steps scaled per coordinate by a noise-aware factor in [1, sqrt(K)] (no sqrt_scaling, no outer momentum); "
-        "longer_decay, its second moment's decay spread over K times the steps (rho, beta_2).")
+        "longer_decay, its second moment's decay spread over K times the steps (rho, beta_2); debias, RMSprop's "
+        "running magnitude bias-corrected.")
 
 
 def noise_factor(ops, mean, square, steps, beta: float, workers: int):
@@ -105,6 +109,26 @@ def noise_scaled(base):
     return keras.saving.register_keras_serializable(package="elephant_benchmarks")(NoiseScaled)
 
 
+@functools.lru_cache(maxsize=None)
+def debiased_rmsprop():
+    """RMSprop whose running magnitude is bias-corrected (divided by ``1 − rho^t``, as Adam's), so that its
+    first steps are the rate's size rather than up to ``1/√(1 − rho)`` times it (no momentum, not centered)."""
+    import keras
+    from keras import ops
+
+    class DebiasedRMSprop(keras.optimizers.RMSprop):
+        def update_step(self, gradient, variable, learning_rate):
+            velocity = self._velocities[self._get_variable_index(variable)]
+            g = ops.cast(gradient, variable.dtype)
+            self.assign(velocity, self.rho * velocity + (1.0 - self.rho) * ops.square(g))
+            steps = ops.cast(self.iterations + 1, variable.dtype)
+            magnitude = velocity / (1.0 - ops.power(ops.cast(self.rho, variable.dtype), steps))
+            rate = ops.cast(learning_rate, variable.dtype)
+            self.assign_sub(variable, rate * g / ops.sqrt(magnitude + self.epsilon))
+
+    return keras.saving.register_keras_serializable(package="elephant_benchmarks")(DebiasedRMSprop)
+
+
 def longer_decay(config: dict, workers: int) -> dict:
     """A Keras optimizer's config whose second moment averages ``K`` times as many steps (RMSprop's ``rho``,
     Adam's ``beta_2``: ``1 − (1 − d)/K``), as many samples as plain training's at ``K`` times the batch."""
@@ -112,9 +136,10 @@ def longer_decay(config: dict, workers: int) -> dict:
     return {**config, key: 1.0 - (1.0 - float(config[key])) / workers}
 
 
-def rebuild(wl, workers: int, beta: float, factor: bool = True, decay: bool = False) -> None:
-    """Make ``wl.build`` compile its model with its own optimizer at its own rate, noise-scaled (``factor``)
-    and with its second moment's decay spread over ``K`` times the steps (``decay``)."""
+def rebuild(wl, workers: int, beta: float, factor: bool = True, decay: bool = False, debias: bool = False) -> None:
+    """Make ``wl.build`` compile its model with its own optimizer at its own rate, noise-scaled (``factor``),
+    with its second moment's decay spread over ``K`` times the steps (``decay``), or as RMSprop with a
+    bias-corrected running magnitude (``debias``, without ``factor``)."""
     build = wl.build
     classes = {}
 
@@ -129,6 +154,8 @@ def rebuild(wl, workers: int, beta: float, factor: bool = True, decay: bool = Fa
             if base not in classes:
                 classes[base] = noise_scaled(base)
             local = classes[base].from_config({**config, "workers": workers, "beta": beta})
+        elif debias:
+            local = debiased_rmsprop().from_config(config)
         else:
             local = type(local).from_config(config)
         model.compile(local, model.loss, metrics=None if wl.metric == "loss" else [wl.metric])
@@ -150,6 +177,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--no-factor", action="store_true",
                         help="no per-coordinate factor: the mode's default rule with its own scaling (sqrt(K))")
+    parser.add_argument("--debias", action="store_true",
+                        help="with --no-factor, on an RMSprop workload: its running magnitude bias-corrected")
     parser.add_argument("--longer-decay", action="store_true",
                         help="the workers' second moment averages K times as many steps (rho, beta_2)")
     args = parser.parse_args()
@@ -158,7 +187,8 @@ def main() -> None:
     path = os.path.join(HERE, "results", "noise_scaled.json")
     for seed in args.seeds:
         wl = WL.make(args.workload)
-        rebuild(wl, args.workers, args.beta, factor=not args.no_factor, decay=args.longer_decay)
+        rebuild(wl, args.workers, args.beta, factor=not args.no_factor, decay=args.longer_decay,
+                debias=args.debias)
         t0 = time.perf_counter()
         fit = simulate_fit(wl.build(seed), wl.x, wl.y, epochs=wl.epochs, batch_size=wl.batch_size,
                            num_workers=args.workers, seed=seed, mode=args.mode, frequency=args.frequency,
@@ -166,7 +196,8 @@ def main() -> None:
         curve = [float(v) for v in fit.history["val_" + wl.metric]]
         row = {"workload": args.workload, "workers": args.workers, "seed": seed, "mode": args.mode,
                "frequency": args.frequency, "beta": args.beta, "factor": not args.no_factor,
-               "longer_decay": args.longer_decay, "optimizer": repr(fit.optimizer), "curve": curve, "final": curve[-1],
+               "longer_decay": args.longer_decay, "debias": args.debias, "optimizer": repr(fit.optimizer),
+               "curve": curve, "final": curve[-1],
                "seconds": time.perf_counter() - t0}
         print(json.dumps(row), flush=True)
         rows = json.load(open(path))["rows"] if os.path.exists(path) else []

@@ -80,3 +80,16 @@ def test_the_longer_decay_averages_k_times_the_steps_of_rmsprops_or_adams_second
     adam = noise_scaled.longer_decay({"beta_1": 0.9, "beta_2": 0.999}, 4)
     assert adam == pytest.approx({"beta_1": 0.9, "beta_2": 0.99975})
     assert noise_scaled.longer_decay({"rho": 0.9}, 1) == {"rho": 0.9}
+
+
+def test_the_debiased_rmsprops_first_step_is_the_rates_size_where_rmsprops_is_one_over_sqrt_1_minus_rho_times_it():
+    import keras
+
+    g = keras.ops.convert_to_tensor(np.array([2.0, -0.5], "float32"))
+    steps = {}
+    for name, cls in (("plain", keras.optimizers.RMSprop), ("debiased", noise_scaled.debiased_rmsprop())):
+        variable = keras.Variable(np.zeros(2, "float32"))
+        cls(0.01, rho=0.9875).apply([g], [variable])
+        steps[name] = keras.ops.convert_to_numpy(variable)
+    np.testing.assert_allclose(steps["debiased"], [-0.01, 0.01], rtol=1e-4)
+    np.testing.assert_allclose(steps["plain"], [-0.01 / np.sqrt(0.0125), 0.01 / np.sqrt(0.0125)], rtol=1e-4)
