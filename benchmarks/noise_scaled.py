@@ -155,6 +155,9 @@ def rebuild(wl, workers: int, beta: float, factor: bool = True, decay: bool = Fa
                 classes[base] = noise_scaled(base)
             local = classes[base].from_config({**config, "workers": workers, "beta": beta})
         elif debias:
+            if type(local).__name__ != "RMSprop" or config.get("momentum") or config.get("centered"):
+                raise ValueError(f"--debias needs a workload compiled with plain RMSprop (no momentum, not "
+                                 f"centered); {wl.name} has {type(local).__name__}({config})")
             local = debiased_rmsprop().from_config(config)
         else:
             local = type(local).from_config(config)
@@ -182,6 +185,8 @@ def main() -> None:
     parser.add_argument("--longer-decay", action="store_true",
                         help="the workers' second moment averages K times as many steps (rho, beta_2)")
     args = parser.parse_args()
+    if args.debias and not args.no_factor:
+        parser.error("--debias replaces the workers' RMSprop, which the factor's subclass does too: add --no-factor")
     rule = "modelaveraging" if args.mode == "synchronous" else "delayednesterov"
     optimizer = None if args.no_factor else {"name": rule, "config": {"sqrt_scaling": False, "outer_momentum": 0.0}}
     path = os.path.join(HERE, "results", "noise_scaled.json")

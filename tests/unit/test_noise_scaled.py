@@ -93,3 +93,21 @@ def test_the_debiased_rmsprops_first_step_is_the_rates_size_where_rmsprops_is_on
         steps[name] = keras.ops.convert_to_numpy(variable)
     np.testing.assert_allclose(steps["debiased"], [-0.01, 0.01], rtol=1e-4)
     np.testing.assert_allclose(steps["plain"], [-0.01 / np.sqrt(0.0125), 0.01 / np.sqrt(0.0125)], rtol=1e-4)
+
+
+def test_debias_refuses_a_workload_not_compiled_with_plain_rmsprop():
+    import keras
+
+    class Workload:
+        name, metric = "adam-workload", "accuracy"
+
+        @staticmethod
+        def build(seed):
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(keras.optimizers.Adam(1e-3), "mse")
+            return model
+
+    wl = Workload()
+    noise_scaled.rebuild(wl, 8, 0.99, factor=False, decay=True, debias=True)
+    with pytest.raises(ValueError, match=r"--debias needs .* RMSprop.*adam-workload has Adam"):
+        wl.build(0)
