@@ -90,8 +90,8 @@ def noise_scaled(base):
             if self.built:
                 return
             super().build(var_list)
-            self._grad_means = self.add_optimizer_variables(var_list, "grad_mean")
-            self._grad_squares = self.add_optimizer_variables(var_list, "grad_square")
+            self._grad_means = [self.add_variable_from_reference(v, "grad_mean") for v in var_list]
+            self._grad_squares = [self.add_variable_from_reference(v, "grad_square") for v in var_list]
 
         def update_step(self, gradient, variable, learning_rate):
             i = self._get_variable_index(variable)
