@@ -64,6 +64,9 @@ def test_search_example_prints_trials_and_the_ensemble(spark, capsys, monkeypatc
 # MLflow's SQLAlchemy store, as in tests/unit/test_search_mlflow.py
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
 @pytest.mark.filterwarnings("ignore:The number of trials is too small to compute importances")  # 4-6 trials here
+# with most of the 6 trials pruned (which depends on the order concurrent trials report in) optuna's
+# importance evaluator warns that its quantiles pick the same trials; the figure is still written
+@pytest.mark.filterwarnings("ignore:Target and region quantiles select the same set of trials")
 def test_pruned_sweep_example_continues_when_run_again_and_logs_each_trial_to_mlflow(spark, capsys, monkeypatch,
                                                                                      tmp_path):
     import mlflow
