@@ -190,6 +190,7 @@ def main() -> None:
     rule = "modelaveraging" if args.mode == "synchronous" else "delayednesterov"
     optimizer = None if args.no_factor else {"name": rule, "config": {"sqrt_scaling": False, "outer_momentum": 0.0}}
     path = os.path.join(HERE, "results", "noise_scaled.json")
+    rows = json.load(open(path))["rows"] if os.path.exists(path) else []
     for seed in args.seeds:
         wl = WL.make(args.workload)
         rebuild(wl, args.workers, args.beta, factor=not args.no_factor, decay=args.longer_decay,
@@ -205,9 +206,9 @@ def main() -> None:
                "curve": curve, "final": curve[-1],
                "seconds": time.perf_counter() - t0}
         print(json.dumps(row), flush=True)
-        rows = json.load(open(path))["rows"] if os.path.exists(path) else []
+        rows.append(row)
         with open(path, "w") as f:
-            json.dump({"meta": {"what": WHAT}, "rows": rows + [row]}, f, indent=1)
+            json.dump({"meta": {"what": WHAT}, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
