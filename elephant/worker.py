@@ -31,7 +31,7 @@ from elephant import data as D
 from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.local import inner_optimizer, ramped_rates
+from elephant.optimizers.local import LocalMoment, inner_optimizer, step_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
@@ -70,6 +70,7 @@ class TaskSpec:
     shuffle_key: str = ""  # what seeds the partitions' shuffles with the epoch ("": ``run``, new every fit)
     learning_rate_scale: float = 1.0  # the plan's factor on the compiled rate (FitPlan.learning_rate_scale)
     learning_rate_warmup: bool = False  # this pass ramps that factor up from 1 (the fit's first epoch)
+    local_moment: LocalMoment | None = None  # the replicas' second-moment decay (FitPlan.local_moment; None: compiled)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -295,12 +296,22 @@ def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
     return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
 
 
-def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
-    """The learning rate of each step of a pass over ``n`` samples that ramps the plan's factor up
-    (``spec.learning_rate_warmup``), or None when the pass trains at one rate."""
-    if not spec.learning_rate_warmup or spec.learning_rate is None or spec.learning_rate_scale == 1.0:
+def pass_rates(spec: TaskSpec, n: int, done: int = 0) -> list[float] | None:
+    """The learning rate of each step of a pass over ``n`` samples whose rate changes within it, or None when
+    the pass trains at one rate: it ramps the plan's factor up (``spec.learning_rate_warmup``), or corrects the
+    start of the workers' longer second moment at the replica's steps after its first ``done``
+    (:func:`~elephant.optimizers.local.step_rates`). A schedule (``learning_rate`` None) is left alone."""
+    if spec.learning_rate is None:
         return None
-    return ramped_rates(spec.learning_rate, spec.learning_rate_scale, -(-n // spec.batch_size))
+    return step_rates(spec.learning_rate, spec.learning_rate_scale, spec.learning_rate_warmup, spec.local_moment,
+                      -(-n // spec.batch_size), done)
+
+
+def steps_taken(optimizer) -> int:
+    """The steps a Keras optimizer has taken (its ``iterations``)."""
+    import keras
+
+    return int(np.asarray(keras.ops.convert_to_numpy(inner_optimizer(optimizer).iterations)))
 
 
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
@@ -366,7 +377,8 @@ def run_partition(
     x, y, w = D.unpack(block)
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
-    rates = pass_rates(spec, n)
+    moment = spec.local_moment
+    rates = pass_rates(spec, n, 0 if moment is None or moment.corrects_bias else steps_taken(model.optimizer))
     rate = _current_rate(model.optimizer) if rates is None else rates[0]  # at the pass's first step
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)

@@ -204,6 +204,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     structure = replica_structure(model, custom_objects)
     if structure and plan.learning_rate_scale != 1.0 and settable_learning_rate(model.optimizer) is None:
         structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
+    if structure and plan.local_moment is not None:  # a replica's optimizer traced with the workers' decay
+        structure += f"; {plan.local_moment.name} {plan.local_moment.decay!r}"
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
         def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it
@@ -241,7 +243,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 fault=os.environ.get("ELEPHANT_FAULT") or None, structure=structure, overlap=plan.overlap,
                 learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
                 shuffle_key=key, learning_rate_scale=plan.learning_rate_scale,
-                learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch, **sharded,
+                learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
+                local_moment=plan.local_moment, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):

@@ -16,7 +16,7 @@ from typing import Any
 from elephant.config import Settings
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
-from elephant.optimizers.local import MAX_SCALED_WORKERS, adapts_step_size
+from elephant.optimizers.local import MAX_SCALED_WORKERS, LocalMoment, adapts_step_size
 
 __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning",
            "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size",
@@ -305,6 +305,8 @@ class FitPlan:
             adaptive optimizer on the split batch; 1: as compiled).
         learning_rate_warmup: whether, in the fit's first epoch, each worker ramps that
             factor up from 1 over its pass (``rule.local_rate_warmup``: a factor above 2).
+        local_moment: the workers' second-moment decay (``rule.local_moment``: averaged
+            over ``K`` times the steps where the rate is scaled), or None: as compiled.
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
     """
@@ -322,6 +324,7 @@ class FitPlan:
     hosted: bool = False
     learning_rate_scale: float = 1.0
     learning_rate_warmup: bool = False
+    local_moment: LocalMoment | None = None
 
     @property
     def ps_shards(self) -> int:
@@ -335,6 +338,7 @@ class FitPlan:
                 "optimizer": self.rule.get_config(), "overlap": self.overlap,
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
                 "learning_rate_scale": self.learning_rate_scale, "learning_rate_warmup": self.learning_rate_warmup,
+                "local_moment": None if self.local_moment is None else self.local_moment.as_dict(),
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
@@ -368,7 +372,9 @@ class FitPlan:
             batches = f"each worker trains batches of {self.batch_size}"
         flights = ("workers train on while a commit is in flight (overlap=False waits for each reply)" if self.overlap
                    else "workers wait for each commit's reply")
-        return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}, "
+        moment = "" if self.local_moment is None else (f"; the workers' optimizer takes {self.local_moment.describe()} "
+                                                       "(decay_scaling=False turns it off)")
+        return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
                 f"window={self.window}; {batches}; {flights}")
 
 
@@ -437,4 +443,5 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
         learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
         learning_rate_warmup=rule.local_rate_warmup(model.optimizer, num_workers, split),
+        local_moment=rule.local_moment(model.optimizer, num_workers, split),
     )

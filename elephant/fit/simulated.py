@@ -38,7 +38,7 @@ from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
-from elephant.optimizers.local import ramped_rates
+from elephant.optimizers.local import LocalMoment, step_rates
 from elephant.worker import shuffle_key, shuffle_order, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
@@ -107,13 +107,16 @@ class _Engine:
     step.
     """
 
-    def __init__(self, model, rate_scale: float = 1.0, warmup: bool = False):
+    def __init__(self, model, rate_scale: float = 1.0, warmup: bool = False, moment: LocalMoment | None = None):
         from elephant.fit.loop import settable_learning_rate
 
         rate = settable_learning_rate(model.optimizer)
         train_at_rate(model.optimizer, rate, rate_scale)  # as every task does
-        # the first pass's rate at each step when it ramps the factor up, as run_partition's
-        self.warmup = None if not warmup or rate is None or rate_scale == 1.0 else (rate, rate_scale)
+        if moment is not None:  # as a task's replica is built
+            moment.apply(model.optimizer)
+        # what a pass's rate at each step is made from (step_rates), as run_partition's; None: one rate throughout
+        varies = (warmup and rate_scale != 1.0) or (moment is not None and not moment.corrects_bias)
+        self.rates = (rate, rate_scale, warmup, moment) if varies and rate is not None else None
         if not model.optimizer.built:  # as the first train step would, so the slots exist to swap
             model.optimizer.build(model.trainable_variables)
         self.model, self.stepper = model, stepper(model)
@@ -152,7 +155,8 @@ class _Replica:
         self.live: _LiveWeights | None = None
         self.state: list[np.ndarray] | None = None  # the variables while another replica holds the engine
         self.queue: list[tuple[str, Any]] = []
-        self.ramp: list[float] | None = None  # this pass's rate at each step, while it ramps the factor up
+        self.rates: list[float] | None = None  # this pass's rate at each step, where it changes within the pass
+        self.steps = 0  # the local steps taken, which a correction of the optimizer's start reads
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
@@ -161,17 +165,20 @@ class _Replica:
                           else shuffle_order(self.shuffle_key, self.epoch, self.partition, self.n))
             self.position = 0
             self.queue.append(("pass", None))
-            if self.engine.warmup is not None and self.epoch <= 1:
-                rate, scale = self.engine.warmup
-                self.ramp = ramped_rates(rate, scale, -(-self.n // self.batch_size)) if self.epoch == 0 else None
-                if self.ramp is None:
+            if self.engine.rates is not None:
+                rate, scale, warmup, moment = self.engine.rates
+                rates = step_rates(rate, scale, warmup and self.epoch == 0, moment, -(-self.n // self.batch_size),
+                                   self.steps)
+                if rates is None and self.rates is not None:  # back to one rate, as the next task sets it
                     self.queue.append(("rate", rate * scale))
-        if self.ramp is not None:
-            self.queue.append(("rate", self.ramp[self.position // self.batch_size]))
+                self.rates = rates
+        if self.rates is not None:
+            self.queue.append(("rate", self.rates[self.position // self.batch_size]))
         if weights is not self.live:  # a pull or a reply replaced the local weights
             self.queue.append(("set", [np.array(w, copy=True) for w in weights]))
         self.queue.append(("step", self.order[self.position : self.position + self.batch_size]))
         self.position += self.batch_size
+        self.steps += 1
         self.live = _LiveWeights(self)
         return self.live
 
@@ -264,7 +271,7 @@ def simulate_fit(
     global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
     archive = model_to_bytes(model)
-    rates = (plan.learning_rate_scale, plan.learning_rate_warmup)
+    rates = (plan.learning_rate_scale, plan.learning_rate_warmup, plan.local_moment)
     engine = _Engine(model_from_bytes(archive, custom_objects), *rates) if share_model else None
     # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
     key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None

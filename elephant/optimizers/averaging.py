@@ -73,6 +73,13 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
             None (default) decides it at fit start (on for an adaptive
             optimizer on a batch split among 2 to 4 workers, and 5 to 64 with a
             numeric rate, ramped), True or False forces it.
+        decay_scaling: the workers' adaptive optimizer averages its running
+            magnitude of the gradient over ``K`` times the steps (RMSprop's
+            ``rho``, Adam's ``beta_2``: ``1 − (1 − d)/K``; RMSprop's start
+            from zero then corrected by the rate, as Adam's is), as many
+            samples as plain training's
+            (:class:`~elephant.optimizers.local.LocalMoment`); None (default)
+            wherever the workers' rate is scaled, True or False forces it.
 
     Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little",
     ICLR 2019; T. Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020;
@@ -91,10 +98,11 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     streams_rounds = True
 
     def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, nesterov=True, staleness_bound=None,
-                 sqrt_scaling=None):
+                 sqrt_scaling=None, decay_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.outer = OuterMomentum(outer_lr, outer_momentum, nesterov, max_gain=MAX_GAIN)
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
+        self.decay_scaling = check_sqrt_scaling(decay_scaling, "decay_scaling")
 
     def for_fit(self, local, num_workers, batch_split, window):
         return self.resolved_for_fit(local, num_workers, batch_split, None)  # unscaled: block momentum
@@ -131,7 +139,7 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     def get_config(self):
         return {"window": self.window, "outer_lr": self.outer.learning_rate,
                 "outer_momentum": self.outer.momentum, "nesterov": self.outer.nesterov,
-                "sqrt_scaling": self.sqrt_scaling}
+                "sqrt_scaling": self.sqrt_scaling, "decay_scaling": self.decay_scaling}
 
 
 def post_local_sgd_step(step: int, warmup: int, period: int) -> bool:

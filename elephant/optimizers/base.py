@@ -349,6 +349,12 @@ class DistributedOptimizer:
         first step); the averaging defaults ramp a factor above 2."""
         return False
 
+    def local_moment(self, local: Any, num_workers: int, batch_split: bool) -> Any:
+        """How this rule's workers change their adaptive optimizer's second-moment decay in a fit, as a
+        :class:`~elephant.optimizers.local.LocalMoment`, or None (default): as compiled. The averaging
+        defaults spread it over ``K`` times the steps where they scale the rate."""
+        return None
+
     def describe(self, num_workers: int) -> str:
         """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
 

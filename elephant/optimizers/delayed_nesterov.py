@@ -86,6 +86,13 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
             None (default) decides it at fit start (on for an adaptive
             optimizer on a batch split among 2 to 4 workers, and with windows
             among 5 to 64 with a numeric rate, ramped), True or False forces it.
+        decay_scaling: the workers' adaptive optimizer averages its running
+            magnitude of the gradient over ``K`` times the steps (RMSprop's
+            ``rho``, Adam's ``beta_2``: ``1 − (1 − d)/K``; RMSprop's start
+            from zero then corrected by the rate, as Adam's is), as many
+            samples as plain training's
+            (:class:`~elephant.optimizers.local.LocalMoment`); None (default)
+            wherever the workers' rate is scaled, True or False forces it.
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
     Modeling", arXiv:2401.09135, 2024 (Delayed Nesterov); K. Chen, Q. Huo,
@@ -102,10 +109,12 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     window_from_costs = 32
     splits_batch = True
 
-    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, staleness_bound=None, sqrt_scaling=None):
+    def __init__(self, window=None, outer_lr=1.0, outer_momentum=None, staleness_bound=None, sqrt_scaling=None,
+                 decay_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)
         self.outer = OuterMomentum(outer_lr, outer_momentum, nesterov=True)
         self.sqrt_scaling = check_sqrt_scaling(sqrt_scaling)
+        self.decay_scaling = check_sqrt_scaling(decay_scaling, "decay_scaling")
 
     def setup_warning(self, window, num_workers, batch_split):
         # a fit's windowed rule has no outer momentum unless the user gave one (for_fit): then no warning
@@ -161,4 +170,4 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     def get_config(self):
         return {"window": self.window, "outer_lr": self.outer.learning_rate,
                 "outer_momentum": self.outer.momentum, "staleness_bound": self.staleness_bound,
-                "sqrt_scaling": self.sqrt_scaling}
+                "sqrt_scaling": self.sqrt_scaling, "decay_scaling": self.decay_scaling}

@@ -8,13 +8,14 @@ need from the object's class names and attributes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from elephant.errors import ConfigError
 
-__all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_sqrt_scaling", "inner_optimizer",
-           "local_setting", "ramped_rates", "settable_rate"]
+__all__ = ["ADAPTIVE_OPTIMIZERS", "SECOND_MOMENTS", "LocalMoment", "ScaledLocalRate", "adapts_step_size",
+           "check_sqrt_scaling", "inner_optimizer", "local_setting", "step_rates", "ramped_rates", "settable_rate"]
 
 
 #: Keras optimizers that divide each step by a running magnitude of the gradient (or
@@ -22,6 +23,14 @@ __all__ = ["ADAPTIVE_OPTIMIZERS", "ScaledLocalRate", "adapts_step_size", "check_
 ADAPTIVE_OPTIMIZERS = frozenset(
     {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lion", "Lamb"}
 )
+
+
+#: Keras optimizers whose running magnitude of the gradient decays at a rate set by one hyperparameter, which
+#: the workers' copy may spread over more steps (:class:`LocalMoment`): its name, and whether the optimizer
+#: corrects the magnitude's start from zero (Adam's ``1 − beta_2^t``; RMSprop does not). Matched on the class
+#: and its bases' names, so a subclass of ``Adam`` counts.
+SECOND_MOMENTS = {"RMSprop": ("rho", False), "Adam": ("beta_2", True), "AdamW": ("beta_2", True),
+                  "Nadam": ("beta_2", True)}
 
 
 def inner_optimizer(local: Any) -> Any:
@@ -54,10 +63,70 @@ def local_setting(local: Any, name: str) -> Any:
         return value
 
 
-def check_sqrt_scaling(sqrt_scaling):
+def check_sqrt_scaling(sqrt_scaling, name: str = "sqrt_scaling"):
     if sqrt_scaling is not None and not isinstance(sqrt_scaling, bool):
-        raise ConfigError(f"`sqrt_scaling` must be True, False or None; received sqrt_scaling={sqrt_scaling!r}")
+        raise ConfigError(f"`{name}` must be True, False or None; received {name}={sqrt_scaling!r}")
     return sqrt_scaling
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalMoment:
+    """The workers' running magnitude of the gradient averaged over ``K`` times the steps.
+
+    A worker's batch is ``1/K`` of plain training's, so a decay ``d`` (RMSprop's
+    ``rho``, Adam's ``beta_2``) averages the squared gradient over ``K`` times fewer
+    samples: a noisier magnitude, and steps (the gradient divided by it) no
+    longer proportional to the gradient. The workers train with
+    ``decay = 1 − (1 − d)/K`` instead, as many samples as plain training's. An
+    optimizer that does not correct the magnitude's start from zero (RMSprop:
+    ``corrects_bias`` False) would then take first steps up to ``1/√(1 − decay)``
+    times the rate (8.9 at 8 workers); its workers' rate is multiplied by
+    ``√(1 − decay^t)`` at their ``t``-th step, Adam's own correction of the
+    magnitude (:func:`step_rates`).
+
+    Attributes:
+        name: the Keras optimizer's attribute (``"rho"``, ``"beta_2"``).
+        decay: the workers' value of it.
+        compiled: the user's value.
+        corrects_bias: whether the optimizer corrects the start itself (else the rate does).
+    """
+
+    name: str
+    decay: float
+    compiled: float
+    corrects_bias: bool
+
+    @classmethod
+    def for_workers(cls, local: Any, num_workers: int) -> LocalMoment | None:
+        """The workers' moment for ``num_workers`` workers splitting the batch, or None where the optimizer has
+        no such decay (:data:`SECOND_MOMENTS`), there is one worker, or the decay is not a number."""
+        workers = int(num_workers)
+        found = next((SECOND_MOMENTS[c.__name__] for c in type(inner_optimizer(local)).__mro__
+                      if c.__name__ in SECOND_MOMENTS), None)
+        if found is None or workers < 2:
+            return None
+        name, corrects = found
+        compiled = local_setting(inner_optimizer(local), name)
+        if not isinstance(compiled, float) or not 0.0 < compiled < 1.0:
+            return None
+        return cls(name, 1.0 - (1.0 - compiled) / workers, compiled, corrects)
+
+    def apply(self, local: Any) -> None:
+        """Set the workers' decay on a replica's Keras optimizer (before its train step is traced)."""
+        setattr(inner_optimizer(local), self.name, self.decay)
+
+    def correction(self, step: int) -> float:
+        """The factor on the rate at the workers' ``step``-th step (from 1): ``√(1 − decay^step)`` where the
+        optimizer leaves its magnitude's start uncorrected, else 1."""
+        return 1.0 if self.corrects_bias else math.sqrt(1.0 - self.decay ** max(int(step), 1))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        fix = "" if self.corrects_bias else ", its start from zero corrected by the rate (as Adam's)"
+        return (f"their {self.name} {self.decay:.6g} instead of {self.compiled:.6g}, the running magnitude of the "
+                f"gradient averaged over as many samples as plain training's{fix}")
 
 
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step
@@ -88,6 +157,27 @@ def ramped_rates(rate: float, scale: float, steps: int) -> list[float]:
     steps = max(int(steps), 1)
     ramp = min(steps, RAMP_STEPS)
     return [rate * (1.0 + (scale - 1.0) * min(i / ramp, 1.0)) for i in range(steps)]
+
+
+#: Below this distance from 1 the bias correction's factor on the rate is left out (:func:`step_rates`).
+CORRECTION_TOLERANCE = 1e-6
+
+
+def step_rates(rate: float, scale: float, warmup: bool, moment: LocalMoment | None, steps: int,
+               done: int = 0) -> list[float] | None:
+    """The rate of each of a pass's ``steps`` when it changes within the pass, else None (the pass trains at
+    ``scale × rate`` throughout): with ``warmup`` (the fit's first pass) the factor ramps up from 1
+    (:func:`ramped_rates`), and a ``moment`` whose start the rate corrects multiplies each step's rate by its
+    correction at the replica's step ``done + i + 1`` (``done``: the steps its optimizer took before the pass)."""
+    steps = max(int(steps), 1)
+    correct = (moment is not None and not moment.corrects_bias
+               and 1.0 - moment.correction(done + 1) > CORRECTION_TOLERANCE)
+    if not (warmup and scale != 1.0) and not correct:
+        return None
+    rates = ramped_rates(rate, scale, steps) if warmup else [rate * scale] * steps
+    if correct:
+        rates = [r * moment.correction(done + i + 1) for i, r in enumerate(rates)]
+    return rates
 
 
 class ScaledLocalRate:
@@ -121,6 +211,7 @@ class ScaledLocalRate:
     """
 
     sqrt_scaling: bool | None = None
+    decay_scaling: bool | None = None
     ramps_scaling: bool = False  # whether the default scales beyond MAX_SCALED_WORKERS, ramped
 
     def scaling_for_fit(self, local: Any, num_workers: int, batch_split: bool, ramps: bool | None = None) -> bool:
@@ -146,6 +237,23 @@ class ScaledLocalRate:
         return (self.local_rate_scale(local, num_workers, batch_split) > math.sqrt(MAX_SCALED_WORKERS)
                 and settable_rate(local))
 
+    def local_moment(self, local: Any, num_workers: int, batch_split: bool) -> LocalMoment | None:
+        """The workers' longer second-moment decay (:class:`LocalMoment`), or None: their optimizer as compiled.
+
+        ``decay_scaling=None`` (the default) takes it wherever the workers train at a scaled rate on the split
+        batch, for an optimizer with such a decay (:data:`SECOND_MOMENTS`) that corrects its start itself or
+        whose rate is a number (the correction is a rate at each step); True wherever there are several
+        workers and the decay exists; False never.
+        """
+        if self.decay_scaling is False:
+            return None
+        moment = LocalMoment.for_workers(local, num_workers)
+        if moment is None or self.decay_scaling:
+            return moment
+        if not self.scaling_for_fit(local, num_workers, batch_split):
+            return None
+        return moment if moment.corrects_bias or settable_rate(local) else None
+
     def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None,
                          ramps: bool | None = None):
         """This rule with ``sqrt_scaling`` decided and, when the user gave none, the outer momentum: 0 when
@@ -167,3 +275,4 @@ class ScaledLocalRate:
                 "when that is a number" if workers > MAX_SCALED_WORKERS else "")
         return (f"; the workers train at sqrt({workers}) = {math.sqrt(workers):.3g} times the compiled learning rate "
                 f"for the adaptive optimizer's steps on the split batch{ramp} (sqrt_scaling=False turns it off)")
+

@@ -18,6 +18,7 @@ from elephant.errors import ConfigError  # noqa: E402
 from elephant.fit.loop import settable_learning_rate  # noqa: E402
 from elephant.fit.plan import ROUND_STEPS, plan_fit  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
+from elephant.optimizers.local import ramped_rates  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 
 ADAM, RMSPROP, SGD = keras.optimizers.Adam, keras.optimizers.RMSprop, keras.optimizers.SGD
@@ -72,9 +73,9 @@ def test_beyond_four_workers_the_windowed_defaults_ramp_their_factor(name, local
 
 
 def test_a_ramp_starts_at_the_compiled_rate_and_climbs_to_the_factor():
-    assert worker.ramped_rates(0.01, 3.0, 4) == pytest.approx([0.01, 0.015, 0.02, 0.025])
-    assert worker.ramped_rates(0.01, 3.0, 0) == pytest.approx([0.01])
-    long = worker.ramped_rates(0.01, 3.0, 300)  # a long pass: the factor is whole after RAMP_STEPS steps
+    assert ramped_rates(0.01, 3.0, 4) == pytest.approx([0.01, 0.015, 0.02, 0.025])
+    assert ramped_rates(0.01, 3.0, 0) == pytest.approx([0.01])
+    long = ramped_rates(0.01, 3.0, 300)  # a long pass: the factor is whole after RAMP_STEPS steps
     assert len(long) == 300 and long[64] == pytest.approx(0.02) and long[128:] == pytest.approx([0.03] * 172)
 
 
@@ -278,5 +279,124 @@ def test_the_simulator_ramps_the_factor_in_the_first_epoch_only(monkeypatch):
     m.compile(ADAM(1e-3), "mse")
     fit = O.simulate_fit(m, x, y, epochs=3, batch_size=64, num_workers=16, mode="synchronous", shuffle=False)
     assert fit.optimizer.sqrt_scaling is True
-    ramp = [round(r, 9) for r in worker.ramped_rates(1e-3, 4.0, 4)]  # 16 samples per worker, batches of 4
+    ramp = [round(r, 9) for r in ramped_rates(1e-3, 4.0, 4)]  # 16 samples per worker, batches of 4
     assert seen == ramp * 16 + [round(4e-3, 9)] * 16  # each worker's first pass climbs, its second is at the factor
+
+
+# ---------------------------------------------------------------- the workers' longer second moment (LocalMoment)
+@pytest.mark.parametrize("local, workers, expected", [
+    (RMSPROP(rho=0.9), 8, ("rho", 0.9875, False)),          # RMSprop leaves its start uncorrected: the rate does it
+    (ADAM(beta_2=0.999), 4, ("beta_2", 0.99975, True)),
+    (keras.optimizers.AdamW(), 2, ("beta_2", 0.9995, True)),
+    (keras.optimizers.LossScaleOptimizer(RMSPROP()), 2, ("rho", 0.95, False)),  # its inner optimizer's
+    (SGD(momentum=0.9), 8, None),                           # no running magnitude
+    (keras.optimizers.Adamax(), 8, None),                   # an infinity norm: not measured, left as compiled
+    (ADAM(), 1, None),
+])
+def test_the_workers_decay_averages_k_times_the_steps(local, workers, expected):
+    moment = O.local.LocalMoment.for_workers(local, workers)
+    if expected is None:
+        assert moment is None
+    else:
+        assert (moment.name, moment.decay, moment.corrects_bias) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["modelaveraging", "delayednesterov"])
+@pytest.mark.parametrize("local, workers, split, given, windowed, on", [
+    (RMSPROP(1e-3), 8, True, {}, True, True),               # the default, wherever the rate is scaled
+    (ADAM(1e-3), 2, True, {}, False, True),
+    (RMSPROP(1e-3), 8, False, {}, True, False),             # full batches per worker: no scaling, no decay
+    (RMSPROP(1e-3), 8, True, {"decay_scaling": False}, True, False),
+    (RMSPROP(1e-3), 2, True, {"sqrt_scaling": False}, True, False),
+    (RMSPROP(1e-3), 2, True, {"sqrt_scaling": False, "decay_scaling": True}, True, True),  # forced
+    (SGD(0.01), 8, True, {"decay_scaling": True}, True, False),                           # nothing to spread
+    # a schedule: the rate cannot correct RMSprop's start, so its decay stays; Adam corrects its own
+    (RMSPROP(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)), 2, True, {}, True, False),
+    (ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)), 2, True, {}, True, True),
+])
+def test_the_plan_decides_the_workers_decay(name, local, workers, split, given, windowed, on):
+    rule = O.get(name, **given)
+    fitted = rule.for_fit(local, workers, split, 16 if windowed else None)
+    moment = fitted.local_moment(local, workers, split)
+    assert (moment is not None) is on
+    with pytest.raises(ConfigError, match=r"decay_scaling='yes'"):
+        O.get(name, decay_scaling="yes")
+    forced = O.get(name, decay_scaling=True)
+    assert type(forced).from_config(forced.get_config()) == forced
+
+
+def test_the_plan_carries_and_describes_the_workers_decay():
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(RMSPROP(1e-3), "mse")
+    plan = plan_fit(Settings(mode="synchronous"), m, 8, 64, 100_000)
+    assert plan.local_moment == O.local.LocalMoment("rho", 0.9875, 0.9, False)
+    assert plan.as_dict()["local_moment"] == {"name": "rho", "decay": 0.9875, "compiled": 0.9, "corrects_bias": False}
+    assert "their rho 0.9875 instead of 0.9" in plan.describe() and "decay_scaling=False" in plan.describe()
+    off = plan_fit(Settings(mode="synchronous", optimizer=O.ModelAveraging(decay_scaling=False)), m, 8, 64, 100_000)
+    assert off.local_moment is None and off.as_dict()["local_moment"] is None and "rho" not in off.describe()
+
+
+def test_the_rate_corrects_an_uncorrected_start_step_by_step():
+    rmsprop = O.local.LocalMoment("rho", 0.9875, 0.9, False)
+    rates = O.local.step_rates(1e-3, 2.0, False, rmsprop, 3)
+    assert rates == pytest.approx([2e-3 * math.sqrt(1 - 0.9875 ** t) for t in (1, 2, 3)])
+    later = O.local.step_rates(1e-3, 2.0, False, rmsprop, 3, done=100)  # a later pass goes on from its steps
+    assert later == pytest.approx([2e-3 * math.sqrt(1 - 0.9875 ** t) for t in (101, 102, 103)])
+    assert O.local.step_rates(1e-3, 2.0, False, rmsprop, 3, done=5000) is None  # corrected to within 1e-6
+    ramped = O.local.step_rates(1e-3, 4.0, True, rmsprop, 4)  # with the first epoch's ramp: both factors
+    assert ramped == pytest.approx([r * math.sqrt(1 - 0.9875 ** (i + 1))
+                                    for i, r in enumerate(ramped_rates(1e-3, 4.0, 4))])
+    adam = O.local.LocalMoment("beta_2", 0.99975, 0.999, True)
+    assert O.local.step_rates(1e-3, 2.0, False, adam, 3) is None  # Adam corrects its own start
+    assert O.local.step_rates(1e-3, 4.0, True, adam, 2) == pytest.approx(ramped_rates(1e-3, 4.0, 2))
+
+
+def test_a_task_trains_with_the_workers_decay_and_a_first_step_of_the_rates_size():
+    """RMSprop at rho 0.9875 would take a first step of 1/sqrt(0.0125) = 8.9 times its rate; with the rate's
+    correction it is the rate's size, as Adam's first step is; the replica's optimizer holds the workers' rho."""
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 2)).astype("float32"))
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.compile(RMSPROP(1e-3), "mse")
+        return m
+
+    moment = O.local.LocalMoment.for_workers(RMSPROP(), 8)
+    plain, longer = _first_step(model(), 1.0, data), _first_step(model(), 1.0, data, local_moment=moment)
+    for a, b in zip(plain, longer, strict=True):
+        moved = np.abs(a) > 1e-6
+        assert moved.any()
+        np.testing.assert_allclose(np.abs(a[moved]), 1e-3 / math.sqrt(0.1), rtol=1e-2)  # RMSprop's own start
+        np.testing.assert_allclose(np.abs(b[moved]), 1e-3, rtol=1e-2)
+    spec = worker.TaskSpec(
+        run="moment", epoch=0, model_bytes=model_to_bytes(model()), fingerprint="f", optimizer=O.Downpour(),
+        window=1, batch_size=64, mode="asynchronous", ps_url="in-process", token="t", read_timeout=5.0,
+        local_moment=moment)
+    from elephant.replicas import training_model
+
+    assert float(training_model(spec).optimizer.rho) == pytest.approx(0.9875)
+    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=1e-3), 128) == pytest.approx(
+        [1e-3 * math.sqrt(1 - 0.9875 ** t) for t in (1, 2)])
+    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=None), 128) is None  # a schedule
+
+
+def test_the_simulator_trains_with_the_workers_decay_as_the_tasks_do(monkeypatch):
+    """simulate_fit's replicas take the plan's decay and the correction's rates a task would, pass after pass."""
+    seen = []
+    set_rate = backends.Stepper.set_learning_rate
+    monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (seen.append(rate),
+                                                                                    set_rate(self, rate)))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32")
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(RMSPROP(1e-3), "mse")
+    fit = O.simulate_fit(m, x, y, epochs=2, batch_size=16, num_workers=2, mode="synchronous", shuffle=False)
+    moment = O.local.LocalMoment("rho", 0.95, 0.9, False)
+    assert fit.optimizer.sqrt_scaling is True
+    scaled = 1e-3 * math.sqrt(2)  # 32 samples per worker, batches of 8: four steps a pass, no ramp at 2 workers
+    per_worker = [scaled * moment.correction(t) for t in range(1, 9)]
+    assert sorted(seen) == pytest.approx(sorted(per_worker * 2))
