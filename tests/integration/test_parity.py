@@ -41,6 +41,11 @@ def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digit
     assert "sqrt(2) = 1.41 times the compiled learning rate" in lines[0] and "sqrt_scaling=False" in lines[0]
     assert "batch_size=32 is the global batch: each worker trains batches of 16" in lines[0]
     assert "batch_split=False" in lines[0]
+    # the workers' Adam averages its second moment over as many samples as plain Keras' (beta_2 1 - 0.001/2)
+    assert sm.fit_plan["local_moment"] == {"name": "beta_2", "decay": pytest.approx(0.9995), "compiled": 0.999,
+                                           "corrects_bias": True}
+    assert "their beta_2 0.9995 instead of 0.999" in lines[0] and "decay_scaling=False" in lines[0]
+    assert sm.model.optimizer.beta_2 == pytest.approx(0.999)  # the user's model keeps its own
 
 
 def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):
