@@ -73,7 +73,10 @@ class SparkModel:
             optimizer (Adam, RMSprop...) and 2 to 4 workers the first two train the workers at
             ``√K`` times its learning rate instead of the block momentum
             (``sqrt_scaling``; the model keeps its rate), and at 5 to 64 workers with a numeric
-            rate the same ramped up over the first epoch (the asynchronous one with windows only).
+            rate the same ramped up over the first epoch (the asynchronous one with windows only);
+            where the rate is scaled, the workers' optimizer averages its running magnitude of
+            the gradient over ``K`` times the steps (``decay_scaling``: RMSprop's ``rho``, Adam's
+            ``beta_2``).
         num_workers: number of partitions trained in parallel; default: the
             input RDD's partitions, else Spark's default parallelism.
         spark: a SparkSession; default: the active one, else an embedded local one.

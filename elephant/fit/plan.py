@@ -372,8 +372,10 @@ class FitPlan:
             batches = f"each worker trains batches of {self.batch_size}"
         flights = ("workers train on while a commit is in flight (overlap=False waits for each reply)" if self.overlap
                    else "workers wait for each commit's reply")
-        moment = "" if self.local_moment is None else (f"; the workers' optimizer takes {self.local_moment.describe()} "
-                                                       "(decay_scaling=False turns it off)")
+        moment = ""
+        if self.local_moment is not None:
+            moment = (f"; the workers' optimizer trains with {self.local_moment.describe()} "
+                      "(decay_scaling=False turns it off)")
         return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
                 f"window={self.window}; {batches}; {flights}")
 

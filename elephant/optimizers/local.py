@@ -15,7 +15,7 @@ from typing import Any
 from elephant.errors import ConfigError
 
 __all__ = ["ADAPTIVE_OPTIMIZERS", "SECOND_MOMENTS", "LocalMoment", "ScaledLocalRate", "adapts_step_size",
-           "check_sqrt_scaling", "inner_optimizer", "local_setting", "step_rates", "ramped_rates", "settable_rate"]
+           "check_sqrt_scaling", "inner_optimizer", "local_setting", "ramped_rates", "settable_rate", "step_rates"]
 
 
 #: Keras optimizers that divide each step by a running magnitude of the gradient (or
@@ -124,9 +124,9 @@ class LocalMoment:
         return dataclasses.asdict(self)
 
     def describe(self) -> str:
-        fix = "" if self.corrects_bias else ", its start from zero corrected by the rate (as Adam's)"
-        return (f"their {self.name} {self.decay:.6g} instead of {self.compiled:.6g}, the running magnitude of the "
-                f"gradient averaged over as many samples as plain training's{fix}")
+        fix = "" if self.corrects_bias else ", its start from zero corrected through the rate as Adam corrects its own"
+        return (f"{self.name} {self.decay:.6g} instead of {self.compiled:.6g}, averaging the gradient's running "
+                f"magnitude over as many samples as plain training's{fix}")
 
 
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step

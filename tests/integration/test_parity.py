@@ -44,7 +44,7 @@ def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digit
     # the workers' Adam averages its second moment over as many samples as plain Keras' (beta_2 1 - 0.001/2)
     assert sm.fit_plan["local_moment"] == {"name": "beta_2", "decay": pytest.approx(0.9995), "compiled": 0.999,
                                            "corrects_bias": True}
-    assert "their beta_2 0.9995 instead of 0.999" in lines[0] and "decay_scaling=False" in lines[0]
+    assert "with beta_2 0.9995 instead of 0.999" in lines[0] and "decay_scaling=False" in lines[0]
     assert sm.model.optimizer.beta_2 == pytest.approx(0.999)  # the user's model keeps its own
 
 

@@ -331,7 +331,7 @@ def test_the_plan_carries_and_describes_the_workers_decay():
     plan = plan_fit(Settings(mode="synchronous"), m, 8, 64, 100_000)
     assert plan.local_moment == O.local.LocalMoment("rho", 0.9875, 0.9, False)
     assert plan.as_dict()["local_moment"] == {"name": "rho", "decay": 0.9875, "compiled": 0.9, "corrects_bias": False}
-    assert "their rho 0.9875 instead of 0.9" in plan.describe() and "decay_scaling=False" in plan.describe()
+    assert "with rho 0.9875 instead of 0.9" in plan.describe() and "decay_scaling=False" in plan.describe()
     off = plan_fit(Settings(mode="synchronous", optimizer=O.ModelAveraging(decay_scaling=False)), m, 8, 64, 100_000)
     assert off.local_moment is None and off.as_dict()["local_moment"] is None and "rho" not in off.describe()
 
