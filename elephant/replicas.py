@@ -164,9 +164,8 @@ def _replica(spec) -> _Replica:
     replica = _REPLICAS.get(key)
     if replica is None:
         model = model_from_bytes(_value(spec.model_bytes), spec.custom_objects)
-        moment = getattr(spec, "local_moment", None)
-        if moment is not None:  # before the train step is traced, which reads the decay as a constant
-            moment.apply(model.optimizer)
+        if spec.local_moment is not None:  # before the train step is traced, which reads the decay as a constant
+            spec.local_moment.apply(model.optimizer)
         if not model.optimizer.built:  # as the first train step would, so the slots exist to save and restore
             model.optimizer.build(model.trainable_variables)
         replica = _REPLICAS[key] = _Replica(model, _optimizer_values(model))
