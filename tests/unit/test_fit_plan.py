@@ -293,6 +293,7 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
 
 @pytest.mark.parametrize("workers, scaled, epochs, warned", [
     (8, True, 1, True), (8, True, 2, False), (8, True, None, True),   # ramped: the misses are the first epoch's
+    (16, True, 2, True), (16, True, 3, False),                          # beyond 8, two epochs not measured within
     (4, True, 2, True), (4, True, 3, False), (4, True, 1, True),       # 2 to 4 workers: those of two epochs
     (8, False, 10, True),                                               # unscaled: behind after the second too
 ])
