@@ -262,7 +262,7 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
         return None
     scaled = bool(getattr(rule, "sqrt_scaling", None))
     ramped = num_workers > MAX_SCALED_WORKERS  # sqrt(K), ramped up over the first epoch
-    behind = 1 if ramped and num_workers <= TWO_EPOCHS_HELD_WORKERS else 2  # the epochs measured behind
+    behind = 1 if MAX_SCALED_WORKERS < num_workers <= TWO_EPOCHS_HELD_WORKERS else 2  # the epochs measured behind
     if scaled and epochs is not None and epochs > behind:
         return None
     if scaled and ramped:
