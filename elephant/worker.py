@@ -31,7 +31,7 @@ from elephant import data as D
 from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.local import LocalMoment, inner_optimizer, step_rates
+from elephant.optimizers.local import RAMP_STEPS, LocalMoment, inner_optimizer, step_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
@@ -71,6 +71,7 @@ class TaskSpec:
     learning_rate_scale: float = 1.0  # the plan's factor on the compiled rate (FitPlan.learning_rate_scale)
     learning_rate_warmup: bool = False  # this pass ramps that factor up from 1 (the fit's first epoch)
     local_moment: LocalMoment | None = None  # the replicas' second-moment decay (FitPlan.local_moment; None: compiled)
+    warmup_window: int | None = None  # commit every this many steps in the pass's first RAMP_STEPS (FitPlan's)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -178,8 +179,14 @@ class _Window:
         self.steps_in_window += 1
         if self._inflight is not None and self._inflight[0].done():
             self.settle()
-        if self.spec.window is not None and self.steps_in_window >= self.spec.window:
+        if self.spec.window is not None and self.steps_in_window >= self.window_now():
             self.commit()
+
+    def window_now(self) -> int:
+        """The window the steps since the last commit fill: ``spec.warmup_window`` through the pass's first
+        :data:`~elephant.optimizers.local.RAMP_STEPS` steps, then ``spec.window`` (as ``schedules.timed``)."""
+        warmup = self.spec.warmup_window
+        return warmup if warmup is not None and self.step <= RAMP_STEPS else self.spec.window
 
     def diverge(self) -> None:
         """Drop the window: a non-finite update is never sent (the server would refuse it)."""

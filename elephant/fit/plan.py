@@ -18,9 +18,9 @@ from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decid
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import MAX_SCALED_WORKERS, LocalMoment, adapts_step_size
 
-__all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "FitPlan", "WindowChoice", "block_momentum_warning",
-           "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms", "measured_costs", "model_size",
-           "overlap_warning", "plan_fit", "round_least", "window_cap"]
+__all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
+           "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
+           "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least", "warmup_window", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
 #: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
@@ -51,6 +51,11 @@ ROUND_STEPS = 128
 #: (docs/convergence.md). Its workers at the compiled rate (SGD) keep the floor: a one-epoch SGD Conv1D at
 #: 16 workers was 6.9 points behind with windows of 8 and 1.3 with 32.
 ROUND_MIN_WINDOW = 8
+#: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
+#: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
+#: (at least 1), as large-batch training warms up before local steps grow (post-local SGD). Early steps move the
+#: weights most, so the workers' drift between two averagings is largest then (docs/convergence.md).
+WARMUP_ROUND_STEPS = 32
 
 
 def estimate_step_ms(params: int, batch_size: int, cores: int = 1) -> float:
@@ -249,14 +254,15 @@ TWO_EPOCHS_HELD_WORKERS = 8
 
 
 def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers: int,
-                         window: int | None, epochs: int | None = None) -> str | None:
+                         window: int | None, epochs: int | None = None, warmup_window: int | None = None) -> str | None:
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
     Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
     rate scaled at 2 to 4 workers (windows of 32 steps) and, ramped, at 8 (windows of 16), and unscaled (windows
     of 32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone). With the rate
     scaled the misses measured are those of the first epoch at 5 to 8 workers (the second ended within the target
-    on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned.
+    on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned. A fit whose first
+    epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them.
     """
     if rule.name != "delayednesterov" or not adaptive or num_workers < 4 or window is None:
         return None
@@ -266,13 +272,18 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     if scaled and epochs is not None and epochs > behind:
         return None
     if scaled and ramped:
+        measured = ("2.7 to 9.4 points behind plain Keras after a first epoch on a GRU trained with Adam and 2.5 to "
+                    "11.0 on a Conv2D trained with RMSprop, committing in windows of 4 steps while the first epoch "
+                    "ramps the rate (the synchronous default up to 5.1 and 0.0 to 4.9), and within 0.6 points of it "
+                    "or above after the second" if warmup_window is not None else
+                    "2.5 to 12.2 points behind plain Keras after a first epoch on a GRU trained with Adam and 5.7 to "
+                    "40.6 on a Conv2D trained with RMSprop (the synchronous default up to 5.8 and 3.2 to 14.9), and "
+                    "within half a point of it or above after the second")
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
-            "seeds) 2.5 to 12.2 points behind plain Keras after a first epoch on a GRU trained with Adam and 5.7 to "
-            "40.6 on a Conv2D trained with RMSprop (the synchronous default up to 5.8 and 3.2 to 14.9), and within "
-            "half a point of it or above after the second. For one-epoch fits (two beyond 8 workers, where the second "
-            "was not measured) prefer mode='synchronous', or check the first epochs against a short plain Keras run."
+            f"times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
+            f"seeds) {measured}. For one-epoch fits (two beyond 8 workers, where the second was not measured) prefer "
+            "mode='synchronous', or check the first epochs against a short plain Keras run."
         )
     if scaled:  # the workers train at sqrt(K) times the rate (2 to 4 workers)
         return (
@@ -317,6 +328,9 @@ class FitPlan:
             over ``K`` times the steps where the rate is scaled), or None: as compiled.
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
+        warmup_window: the local steps per commit while the fit's first epoch ramps the
+            workers' rate up (None: ``window`` throughout): a decided window under the
+            warm-up's round bound (:data:`WARMUP_ROUND_STEPS`).
     """
 
     num_workers: int
@@ -333,6 +347,7 @@ class FitPlan:
     learning_rate_scale: float = 1.0
     learning_rate_warmup: bool = False
     local_moment: LocalMoment | None = None
+    warmup_window: int | None = None
 
     @property
     def ps_shards(self) -> int:
@@ -347,6 +362,7 @@ class FitPlan:
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
                 "learning_rate_scale": self.learning_rate_scale, "learning_rate_warmup": self.learning_rate_warmup,
                 "local_moment": None if self.local_moment is None else self.local_moment.as_dict(),
+                "warmup_window": self.warmup_window,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
@@ -368,7 +384,7 @@ class FitPlan:
                  overlap_warning(self.overlap, mode, self.window, self.num_workers),
                  block_momentum_warning(self.rule, self.adaptive, self.num_workers, self.window)
                  if mode == "synchronous" else async_window_warning(self.rule, self.adaptive, self.num_workers,
-                                                                    self.window, epochs)]
+                                                                    self.window, epochs, self.warmup_window)]
         return [w for w in found if w]
 
     def describe(self) -> str:
@@ -384,8 +400,10 @@ class FitPlan:
         if self.local_moment is not None:
             moment = (f"; the workers' optimizer trains with {self.local_moment.describe()} "
                       "(decay_scaling=False turns it off)")
+        warmup = ("" if self.warmup_window is None else
+                  f" ({self.warmup_window} while the first epoch ramps the workers' rate up)")
         return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
-                f"window={self.window}; {batches}; {flights}")
+                f"window={self.window}{warmup}; {batches}; {flights}")
 
 
 def model_size(model) -> tuple[int, int]:
@@ -447,11 +465,21 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
     shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked, hosted),
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
     rule = settings.optimizer.for_fit(model.optimizer, num_workers, split, window)
+    warmup = rule.local_rate_warmup(model.optimizer, num_workers, split)
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
         splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
         learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
-        learning_rate_warmup=rule.local_rate_warmup(model.optimizer, num_workers, split),
-        local_moment=rule.local_moment(model.optimizer, num_workers, split),
+        learning_rate_warmup=warmup, local_moment=rule.local_moment(model.optimizer, num_workers, split),
+        warmup_window=warmup_window(window, num_workers) if choice is not None and warmup and split else None,
     )
+
+
+def warmup_window(window: int | None, num_workers: int) -> int | None:
+    """The window while the first epoch ramps the workers' rate: ``window`` under the warm-up's round bound
+    (:data:`WARMUP_ROUND_STEPS` over the workers, at least 1), or None where that bound leaves it unchanged."""
+    if window is None:
+        return None
+    bounded = max(1, min(window, WARMUP_ROUND_STEPS // max(num_workers, 1)))
+    return bounded if bounded < window else None

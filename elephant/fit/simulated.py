@@ -24,6 +24,7 @@ this function too (imported on first use: the optimizers stay numpy-only).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -36,9 +37,9 @@ from elephant.config import Settings, check_positive_int
 from elephant.errors import ConfigError
 from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.local import RAMP_STEPS, LocalMoment, step_rates
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
-from elephant.optimizers.local import LocalMoment, step_rates
 from elephant.worker import shuffle_key, shuffle_order, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
@@ -286,10 +287,17 @@ def simulate_fit(
 
     steps = [-(-r.n // batch_size) for r in replicas]
     one_epoch = timed(times, window or max(steps), steps)  # every epoch plays the same interleaving
-    commits = [one_epoch.count(("commit", k)) for k in range(num_workers)]
-    per_epoch = max(commits) if mode == "synchronous" else sum(commits)  # rounds or commits
-    epoch_ends = [per_epoch * (e + 1) for e in range(epochs)]  # index into trace.centers, plus one
-    schedule = one_epoch * epochs
+    first = one_epoch  # but the first, whose windows are shorter while the workers' rate ramps up
+    if plan.warmup_window is not None and plan.learning_rate_warmup:
+        first = timed(times, window or max(steps), steps, warmup=(plan.warmup_window, RAMP_STEPS))
+    schedule = first + one_epoch * (epochs - 1)
+
+    def updates(events: list[tuple]) -> int:  # rounds or commits
+        commits = [events.count(("commit", k)) for k in range(num_workers)]
+        return max(commits) if mode == "synchronous" else sum(commits)
+
+    per_epoch = [updates(first)] + [updates(one_epoch)] * (epochs - 1)
+    epoch_ends = list(itertools.accumulate(per_epoch))  # index into trace.centers, plus one
 
     trace = simulate(
         opt, model.get_weights(), replicas, schedule, mode=mode, num_workers=num_workers,
@@ -298,7 +306,7 @@ def simulate_fit(
     )
 
     centers = [trace.centers[i - 1] if i else model.get_weights() for i in epoch_ends]
-    history: dict[str, list[float]] = {"updates": [float(per_epoch)] * epochs}
+    history: dict[str, list[float]] = {"updates": [float(n) for n in per_epoch]}
     for weights in centers:
         if validation_data is not None:
             model.set_weights(weights)

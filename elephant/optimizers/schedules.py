@@ -36,7 +36,8 @@ def round_robin(num_workers: int, window: int, rounds: int) -> list[tuple]:
     return events + [("finish", k) for k in range(n)]
 
 
-def timed(step_times: Sequence[float], window: int, num_steps: int | Sequence[int]) -> list[tuple]:
+def timed(step_times: Sequence[float], window: int, num_steps: int | Sequence[int],
+          warmup: tuple[int, int] | None = None) -> list[tuple]:
     """Events of workers that train at different speeds, in time order.
 
     Worker ``k`` pulls at time 0, finishes local step ``i`` at ``i · step_times[k]``,
@@ -47,12 +48,16 @@ def timed(step_times: Sequence[float], window: int, num_steps: int | Sequence[in
         step_times: time per local step, one positive number per worker.
         window: local steps per commit.
         num_steps: local steps per worker (one int for all, or one per worker).
+        warmup: ``(window, steps)``: windows of that many steps through a pass's first
+            ``steps`` steps (as a task commits while its rate ramps up: ``TaskSpec.warmup_window``),
+            counted on from there.
 
     Use ``on_blocked="defer"`` when simulating synchronous mode or SSP with it:
     fast workers then wait as they would on a cluster.
     """
     times = [check_number(f"step_times[{k}]", t, low=0.0, low_open=True) for k, t in enumerate(step_times)]
     window = _positive_int("window", window)
+    first, first_steps = (window, 0) if warmup is None else (_positive_int("warmup[0]", warmup[0]), warmup[1])
     steps = [num_steps] * len(times) if isinstance(num_steps, int) else list(num_steps)
     if len(steps) != len(times):
         raise ConfigError(f"`num_steps` must be an int or one per worker ({len(times)}); received num_steps={num_steps!r}")
@@ -60,10 +65,13 @@ def timed(step_times: Sequence[float], window: int, num_steps: int | Sequence[in
     heap: list[tuple[float, int, int, tuple]] = []
     for k, (dt, m) in enumerate(zip(times, steps, strict=True)):
         heap.append((0.0, k, 0, ("pull", k)))
+        since = 0
         for i in range(1, m + 1):
             heap.append((i * dt, k, 2 * i - 1, ("step", k)))
-            if i % window == 0 or i == m:
+            since += 1
+            if since >= (first if i <= first_steps else window) or i == m:
                 heap.append((i * dt, k, 2 * i, ("commit", k)))
+                since = 0
         heap.append((m * dt, k, 2 * m + 1, ("finish", k)))
     heapq.heapify(heap)
     return [heapq.heappop(heap)[3] for _ in range(len(heap))]

@@ -6,10 +6,13 @@ same model from the same weights on the same data.
 """
 
 import logging
+from collections import Counter
 
 import pytest
 
 from elephant import SparkModel
+
+from elephant.fit.plan import WARMUP_ROUND_STEPS
 
 from .helpers import accuracy, digits_model, plain_keras_accuracy
 
@@ -46,6 +49,17 @@ def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digit
                                            "corrects_bias": True}
     assert "with beta_2 0.9995 instead of 0.999" in lines[0] and "decay_scaling=False" in lines[0]
     assert sm.model.optimizer.beta_2 == pytest.approx(0.999)  # the user's model keeps its own
+
+
+def test_beyond_four_workers_the_first_epoch_commits_in_shorter_windows_while_the_rate_ramps(spark, digits):
+    x_train, _, y_train, _ = digits
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=8, spark=spark)  # 8 tasks, 2 at a time
+    sm.fit(x_train, y_train, epochs=2, batch_size=64, verbose=0)
+    plan = sm.fit_plan
+    assert plan["learning_rate_warmup"] and (plan["warmup_window"], plan["window"]) == (WARMUP_ROUND_STEPS // 8, 16)
+    # passes of 21 or 22 steps of 8 samples: commits after 4, 8, 12, 16, 20 and the last step, then after 16 and it
+    commits = Counter((key.epoch, key.partition) for key, _ in sm.last_ledger)
+    assert commits == {(epoch, p): n for epoch, n in ((0, 6), (1, 2)) for p in range(8)}
 
 
 def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):

@@ -7,9 +7,9 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, FitPlan, WindowChoice,
-                               decide_window, decide_workers, estimate_commit_ms, estimate_step_ms, measured_costs,
-                               plan_fit, round_least)
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, WARMUP_ROUND_STEPS,
+                               FitPlan, WindowChoice, decide_window, decide_workers, estimate_commit_ms,
+                               estimate_step_ms, measured_costs, plan_fit, round_least, warmup_window)
 from elephant.optimizers import Compressed, ModelAveraging
 
 
@@ -264,7 +264,8 @@ def test_block_momentum_at_many_workers_under_an_adaptive_optimizer_is_warned_ab
 
 @pytest.mark.parametrize("workers, model, samples, settings, warned", [
     (4, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # windows of 32, the rate scaled: 5-8 behind
-    (8, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # scaled and ramped: 2-20 behind after one
+    (8, _adam_model, 100_000, {"mode": "asynchronous"}, True),    # scaled and ramped: 2-11 behind after one
+    (8, _adam_model, 100_000, {"mode": "asynchronous", "frequency": 16}, True),  # no warm-up windows: 2-41
     (8, _adam_model, 100_000, {"mode": "asynchronous", "optimizer": {"name": "delayednesterov",
                                                                      "config": {"sqrt_scaling": False}}}, True),
     (4, _adam_model, 100_000, {"mode": "asynchronous", "optimizer": {"name": "delayednesterov",
@@ -285,7 +286,9 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
         assert "mode='synchronous'" in found[0]
     elif warned and workers > 4:
         assert plan.learning_rate_warmup and f"at sqrt({workers}) times its rate" in found[0]
-        assert "Spark (8 workers, 3 seeds) 2.5 to 12.2 points behind" in found[0] and "mode='synchronous'" in found[0]
+        assert (plan.warmup_window is None) == ("frequency" in settings)  # the user's window is every epoch's
+        quoted = "2.7 to 9.4" if plan.warmup_window is not None else "2.5 to 12.2"  # with the warm-up's windows
+        assert f"Spark (8 workers, 3 seeds) {quoted} points behind" in found[0] and "mode='synchronous'" in found[0]
     elif warned:
         assert f"at {workers} workers" in found[0] and f"at sqrt({workers}) times its rate" in found[0]
         assert "2.4 to 8.9 points behind" in found[0] and "within 1.2 points after the second" in found[0]
@@ -301,3 +304,35 @@ def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behi
     settings = Settings(mode="asynchronous", optimizer={"name": "delayednesterov", "config": {"sqrt_scaling": scaled}})
     plan = plan_fit(settings, _adam_model(), workers, 64, samples=100_000)
     assert any("Asynchronous windows" in w for w in plan.warnings("asynchronous", epochs)) == warned
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+@pytest.mark.parametrize("workers, warmup", [(2, None), (4, None), (8, WARMUP_ROUND_STEPS // 8), (16, 2), (32, 1),
+                                             (64, 1)])
+def test_the_first_epochs_ramp_commits_in_shorter_windows_beyond_four_workers(mode, workers, warmup):
+    plan = plan_fit(Settings(mode=mode), _adam_model(), workers, 64, samples=200 * 64)
+    assert plan.learning_rate_warmup == (workers > 4)
+    assert plan.warmup_window == warmup
+    if warmup is not None:
+        assert plan.warmup_window < plan.window
+        assert f"window={plan.window} ({warmup} while the first epoch ramps" in plan.describe()
+        assert plan.as_dict()["warmup_window"] == warmup
+    again = plan.rechecked([{"steps": 200, "commits": 50, "seconds": 2.0, "setup_seconds": 0.0, "comm_seconds": 0.5}])
+    assert again.warmup_window == plan.warmup_window  # the first epoch's, whatever the later windows
+
+
+@pytest.mark.parametrize("settings, model", [
+    ({"mode": "synchronous", "frequency": 16}, _adam_model),  # the user's window is every epoch's
+    ({"mode": "synchronous"}, _adam_schedule_model),          # a schedule: the rate is not ramped
+    ({"mode": "synchronous"}, _model),                        # SGD: the compiled rate, not ramped
+    ({"mode": "synchronous", "batch_split": False}, _adam_model),  # full batches per worker: no round bound
+])
+def test_no_warmup_window_where_the_window_is_given_or_the_rate_does_not_ramp(settings, model):
+    plan = plan_fit(Settings(**settings), model(), 8, 64, samples=200 * 64)
+    assert plan.warmup_window is None
+
+
+@pytest.mark.parametrize("window, workers, expected", [(16, 8, 4), (4, 8, None), (3, 8, None), (8, 16, 2),
+                                                       (8, 33, 1), (None, 8, None)])
+def test_warmup_window(window, workers, expected):
+    assert warmup_window(window, workers) == expected

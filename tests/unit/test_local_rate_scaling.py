@@ -280,7 +280,9 @@ def test_the_simulator_ramps_the_factor_in_the_first_epoch_only(monkeypatch):
     fit = O.simulate_fit(m, x, y, epochs=3, batch_size=64, num_workers=16, mode="synchronous", shuffle=False)
     assert fit.optimizer.sqrt_scaling is True
     ramp = [round(r, 9) for r in ramped_rates(1e-3, 4.0, 4)]  # 16 samples per worker, batches of 4
-    assert seen == ramp * 16 + [round(4e-3, 9)] * 16  # each worker's first pass climbs, its second is at the factor
+    assert fit.window == 8 and plan_fit(Settings(mode="synchronous"), m, 16, 64, 256).warmup_window == 2
+    # each worker's first pass climbs, in the warm-up's rounds of 2 steps each; its second is at the factor
+    assert seen == ramp[:2] * 16 + ramp[2:] * 16 + [round(4e-3, 9)] * 16
 
 
 # ---------------------------------------------------------------- the workers' longer second moment (LocalMoment)

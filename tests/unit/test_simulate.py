@@ -318,6 +318,14 @@ def test_timed_orders_events_by_time_and_flushes_partial_windows():
     ]
 
 
+def test_timed_commits_in_the_warmup_windows_through_its_steps_then_counts_on_in_windows():
+    events = timed([1.0, 1.0], window=5, num_steps=[14, 3], warmup=(2, 5))
+    at = {k: [events[:i].count(("step", k)) for i, e in enumerate(events) if e == ("commit", k)] for k in (0, 1)}
+    # steps 2 and 4 in the warm-up; step 5 starts a window that step 9 fills at 5 steps; 14 is the last
+    assert at == {0: [2, 4, 9, 14], 1: [2, 3]}
+    assert timed([1.0], 5, 14, warmup=(5, 5)) == timed([1.0], 5, 14)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

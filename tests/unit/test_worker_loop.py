@@ -12,6 +12,7 @@ import keras  # noqa: E402
 from elephant import optimizers as O  # noqa: E402
 from elephant import replicas, worker  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
+from elephant.optimizers.schedules import timed  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 from tests.unit.helpers import tiny_model  # noqa: E402
 
@@ -62,6 +63,22 @@ def test_partial_last_window_is_flushed_with_true_counts(linear_data):
     assert client.pulls == 1  # the commit reply carries the center: no extra pulls
     assert store.metrics()["commits_applied"] == 2
     assert np.isfinite(stats["logs"]["loss"])
+
+
+def test_a_pass_commits_in_its_warmup_windows_while_its_rate_ramps_as_the_simulator_schedules(linear_data,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(worker, "RAMP_STEPS", 5)  # the ramp's steps, short enough for a pass of 25
+    model = tiny_model()
+    model_bytes = model_to_bytes(model)
+    store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-warm")
+    client = RecordingClient(store)
+    spec = dataclasses.replace(_spec(model_bytes, "run-warm", window=5, batch_size=4), warmup_window=2)
+    (stats,) = worker.run_partition(spec, 0, 1, [linear_data], client)
+    events = timed([1.0], window=5, num_steps=25, warmup=(2, 5))
+    scheduled = [events[:i].count(("step", 0)) for i, e in enumerate(events) if e == ("commit", 0)]
+    sent = [c[1] for c in client.commits]
+    assert sent == [b - a for a, b in zip([0, *scheduled], scheduled)] == [2, 2, 5, 5, 5, 5, 1]
+    assert stats["commits"] == 7
 
 
 def test_single_worker_downpour_equals_local_training(linear_data):
