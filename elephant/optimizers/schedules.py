@@ -57,7 +57,11 @@ def timed(step_times: Sequence[float], window: int, num_steps: int | Sequence[in
     """
     times = [check_number(f"step_times[{k}]", t, low=0.0, low_open=True) for k, t in enumerate(step_times)]
     window = _positive_int("window", window)
-    first, first_steps = (window, 0) if warmup is None else (_positive_int("warmup[0]", warmup[0]), warmup[1])
+    first, first_steps = window, 0
+    if warmup is not None:
+        if not isinstance(warmup, tuple) or len(warmup) != 2:
+            raise ConfigError(f"`warmup` must be a (window, steps) pair of positive ints; received warmup={warmup!r}")
+        first, first_steps = _positive_int("warmup[0]", warmup[0]), _positive_int("warmup[1]", warmup[1])
     steps = [num_steps] * len(times) if isinstance(num_steps, int) else list(num_steps)
     if len(steps) != len(times):
         raise ConfigError(f"`num_steps` must be an int or one per worker ({len(times)}); received num_steps={num_steps!r}")

@@ -332,6 +332,9 @@ def test_timed_commits_in_the_warmup_windows_through_its_steps_then_counts_on_in
         (([0.0], 2, 3), r"`step_times\[0\]` must be a real number in \(0, inf\); received step_times\[0\]=0.0"),
         (([1.0, 1.0], 2, [3]), r"`num_steps` must be an int or one per worker \(2\); received num_steps=\[3\]"),
         (([1.0], 2, [0]), r"`num_steps\[0\]` must be a positive int; received num_steps\[0\]=0"),
+        (([1.0], 2, 3, (0, 5)), r"`warmup\[0\]` must be a positive int; received warmup\[0\]=0"),
+        (([1.0], 2, 3, (2, 1.5)), r"`warmup\[1\]` must be a positive int; received warmup\[1\]=1.5"),
+        (([1.0], 2, 3, 4), r"`warmup` must be a \(window, steps\) pair of positive ints; received warmup=4"),
     ],
 )
 def test_timed_is_validated(args, message):
