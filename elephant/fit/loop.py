@@ -244,7 +244,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 learning_rate=rate, ps_run=store.run, backend=backend, last_epoch=epoch == epochs - 1,
                 shuffle_key=key, learning_rate_scale=plan.learning_rate_scale,
                 learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
-                warmup_window=plan.warmup_window if plan.learning_rate_warmup and epoch == args.initial_epoch else None,
+                warmup_window=plan.warmup_window if epoch == args.initial_epoch else None,  # set where the rate ramps
                 local_moment=plan.local_moment, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()

@@ -288,7 +288,7 @@ def simulate_fit(
     steps = [-(-r.n // batch_size) for r in replicas]
     one_epoch = timed(times, window or max(steps), steps)  # every epoch plays the same interleaving
     first = one_epoch  # but the first, whose windows are shorter while the workers' rate ramps up
-    if plan.warmup_window is not None and plan.learning_rate_warmup:
+    if plan.warmup_window is not None:  # set only where the first epoch ramps the rate
         first = timed(times, window or max(steps), steps, warmup=(plan.warmup_window, RAMP_STEPS))
     schedule = first + one_epoch * (epochs - 1)
 
