@@ -230,16 +230,18 @@ def test_comm_budget_is_checked(budget):
         Settings(comm_budget=budget)
 
 
-def _adam_model():
+def _model_with(optimizer):
     model = _model()
-    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    model.compile(optimizer, "mse")
     return model
+
+
+def _adam_model():
+    return _model_with(keras.optimizers.Adam(1e-3))
 
 
 def _adam_schedule_model():
-    model = _model()
-    model.compile(keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)), "mse")
-    return model
+    return _model_with(keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)))
 
 
 @pytest.mark.parametrize("workers, model, settings, warned", [
@@ -307,9 +309,7 @@ def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behi
 
 
 def _rmsprop_model():
-    model = _model()
-    model.compile(keras.optimizers.RMSprop(1e-3), "mse")
-    return model
+    return _model_with(keras.optimizers.RMSprop(1e-3))
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
