@@ -26,8 +26,9 @@ Keras keep theirs):
 
 Every fit runs at a fixed window (``--frequency``; 16 is the defaults' at 8 workers), with the
 rule's own ``decay_scaling`` off: the longer decay measured here is now what the defaults do
-(``elephant.optimizers.local.LocalMoment``, which corrects RMSprop's start through the rate
-rather than a subclass), and this script keeps measuring against the former defaults.
+(``elephant.optimizers.local.LocalMoment``, whose RMSprop magnitude rises at the compiled
+``rho`` where the gradient grows, which also covers the start), and this script keeps measuring
+against the former defaults.
 
 Run::
 

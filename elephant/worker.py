@@ -303,22 +303,14 @@ def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
     return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
 
 
-def pass_rates(spec: TaskSpec, n: int, done: int = 0) -> list[float] | None:
-    """The learning rate of each step of a pass over ``n`` samples whose rate changes within it, or None when
-    the pass trains at one rate: it ramps the plan's factor up (``spec.learning_rate_warmup``), or corrects the
-    start of the workers' longer second moment at the replica's steps after its first ``done``
-    (:func:`~elephant.optimizers.local.step_rates`). A schedule (``learning_rate`` None) is left alone."""
+def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
+    """The learning rate of each step of a pass over ``n`` samples whose rate changes within it (the fit's first
+    pass, where it ramps the plan's factor up: ``spec.learning_rate_warmup``), or None when the pass trains at
+    one rate (:func:`~elephant.optimizers.local.step_rates`). A schedule (``learning_rate`` None) is left alone."""
     if spec.learning_rate is None:
         return None
-    return step_rates(spec.learning_rate, spec.learning_rate_scale, spec.learning_rate_warmup, spec.local_moment,
-                      -(-n // spec.batch_size), done)
-
-
-def steps_taken(optimizer) -> int:
-    """The steps a Keras optimizer has taken (its ``iterations``)."""
-    import keras
-
-    return int(np.asarray(keras.ops.convert_to_numpy(inner_optimizer(optimizer).iterations)))
+    return step_rates(spec.learning_rate, spec.learning_rate_scale, spec.learning_rate_warmup,
+                      -(-n // spec.batch_size))
 
 
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
@@ -384,8 +376,7 @@ def run_partition(
     x, y, w = D.unpack(block)
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
-    moment = spec.local_moment
-    rates = pass_rates(spec, n, 0 if moment is None or moment.corrects_bias else steps_taken(model.optimizer))
+    rates = pass_rates(spec, n)
     rate = _current_rate(model.optimizer) if rates is None else rates[0]  # at the pass's first step
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, n)

@@ -20,7 +20,7 @@ from elephant.optimizers.local import MAX_SCALED_WORKERS, LocalMoment, adapts_st
 
 __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
            "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
-           "local_moment_warning", "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
+           "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
            "warmup_window", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
@@ -249,23 +249,6 @@ def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_worke
     )
 
 
-def local_moment_warning(moment: LocalMoment | None, num_workers: int) -> str | None:
-    """The fit-start warning for the workers' longer decay of an optimizer that leaves its magnitude's start
-    uncorrected (RMSprop) beyond 4 workers, else None: measured to collapse fits at ten times a workload's rate."""
-    if moment is None or moment.corrects_bias or num_workers <= MAX_SCALED_WORKERS:
-        return None
-    return (
-        f"The workers' optimizer averages the gradient's running magnitude over {num_workers} times the steps "
-        f"({moment.name} {moment.decay:.6g} instead of {moment.compiled:.6g}): benchmarks/convergence.py measured the "
-        "defaults at 16 workers on a Conv2D trained with RMSprop at ten times its workload's rate (simulator, 2 "
-        "seeds, both modes) collapse to chance on 3 fits of 4 and end 24 points behind plain Keras on the fourth, "
-        "and 1 to 9 points behind with decay_scaling=False (at the workload's own rate the longer average gained 0.7 "
-        "to 4 points at 2 to 32 workers). At a rate near the edge of your model's stability pass "
-        "optimizer={'name': 'modelaveraging' (synchronous) or 'delayednesterov' (asynchronous), "
-        "'config': {'decay_scaling': False}}."
-    )
-
-
 #: The most workers at which the asynchronous default, its rate scaled and ramped, was measured within the
 #: target after a second epoch (Spark, 3 seeds; docs/convergence.md "Measured on Spark, 4 and 8 workers").
 TWO_EPOCHS_HELD_WORKERS = 8
@@ -402,8 +385,7 @@ class FitPlan:
                  overlap_warning(self.overlap, mode, self.window, self.num_workers),
                  block_momentum_warning(self.rule, self.adaptive, self.num_workers, self.window)
                  if mode == "synchronous" else async_window_warning(self.rule, self.adaptive, self.num_workers,
-                                                                    self.window, epochs, self.warmup_window),
-                 local_moment_warning(self.local_moment, self.num_workers)]
+                                                                    self.window, epochs, self.warmup_window)]
         return [w for w in found if w]
 
     def describe(self) -> str:

@@ -115,9 +115,8 @@ class _Engine:
         train_at_rate(model.optimizer, rate, rate_scale)  # as every task does
         if moment is not None:  # as a task's replica is built
             moment.apply(model.optimizer)
-        # what a pass's rate at each step is made from (step_rates), as run_partition's; None: one rate throughout
-        varies = (warmup and rate_scale != 1.0) or (moment is not None and not moment.corrects_bias)
-        self.rates = (rate, rate_scale, warmup, moment) if varies and rate is not None else None
+        # what the first pass's rate at each step is made from (step_rates), as run_partition's; None: one rate
+        self.rates = (rate, rate_scale) if warmup and rate_scale != 1.0 and rate is not None else None
         if not model.optimizer.built:  # as the first train step would, so the slots exist to swap
             model.optimizer.build(model.trainable_variables)
         self.model, self.stepper = model, stepper(model)
@@ -157,7 +156,6 @@ class _Replica:
         self.state: list[np.ndarray] | None = None  # the variables while another replica holds the engine
         self.queue: list[tuple[str, Any]] = []
         self.rates: list[float] | None = None  # this pass's rate at each step, where it changes within the pass
-        self.steps = 0  # the local steps taken, which a correction of the optimizer's start reads
 
     def train_step(self, weights):
         if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
@@ -167,9 +165,8 @@ class _Replica:
             self.position = 0
             self.queue.append(("pass", None))
             if self.engine.rates is not None:
-                rate, scale, warmup, moment = self.engine.rates
-                rates = step_rates(rate, scale, warmup and self.epoch == 0, moment, -(-self.n // self.batch_size),
-                                   self.steps)
+                rate, scale = self.engine.rates
+                rates = step_rates(rate, scale, self.epoch == 0, -(-self.n // self.batch_size))
                 if rates is None and self.rates is not None:  # back to one rate, as the next task sets it
                     self.queue.append(("rate", rate * scale))
                 self.rates = rates
@@ -179,7 +176,6 @@ class _Replica:
             self.queue.append(("set", [np.array(w, copy=True) for w in weights]))
         self.queue.append(("step", self.order[self.position : self.position + self.batch_size]))
         self.position += self.batch_size
-        self.steps += 1
         self.live = _LiveWeights(self)
         return self.live
 

@@ -77,18 +77,25 @@ class LocalMoment:
     ``rho``, Adam's ``beta_2``) averages the squared gradient over ``K`` times fewer
     samples: a noisier magnitude, and steps (the gradient divided by it) no
     longer proportional to the gradient. The workers train with
-    ``decay = 1 − (1 − d)/K`` instead, as many samples as plain training's. An
-    optimizer that does not correct the magnitude's start from zero (RMSprop:
-    ``corrects_bias`` False) would then take first steps up to ``1/√(1 − decay)``
-    times the rate (8.9 at 8 workers); its workers' rate is multiplied by
-    ``√(1 − decay^t)`` at their ``t``-th step, Adam's own correction of the
-    magnitude (:func:`step_rates`).
+    ``decay = 1 − (1 − d)/K`` instead, as many samples as plain training's.
+
+    A magnitude averaged over ``K`` times the steps also follows a growing gradient
+    ``K`` times more slowly, and RMSprop (``corrects_bias`` False) starts it from zero
+    without Adam's correction: its steps, the gradient divided by the magnitude's
+    root, could reach ``1/√(1 − decay)`` times the rate (12.6 at 16 workers) at the
+    start and wherever the gradient outgrows the magnitude, as it does at a rate
+    near the edge of stability. So where a squared gradient exceeds ``1/(1 − d)``
+    times the magnitude (a growth; noise seldom goes that far), that coordinate's
+    magnitude rises at the compiled decay (:meth:`apply`): no step is then larger
+    than the compiled optimizer's largest, ``1/√(1 − d)`` times the rate, from the
+    first step (where the magnitude is zero) on. Adam corrects its own start, and its
+    longer ``beta_2`` is left to average.
 
     Attributes:
         name: the Keras optimizer's attribute (``"rho"``, ``"beta_2"``).
         decay: the workers' value of it.
         compiled: the user's value.
-        corrects_bias: whether the optimizer corrects the start itself (else the rate does).
+        corrects_bias: whether the optimizer corrects the start itself (else the magnitude rises, above).
     """
 
     name: str
@@ -112,21 +119,56 @@ class LocalMoment:
         return cls(name, 1.0 - (1.0 - compiled) / workers, compiled, corrects)
 
     def apply(self, local: Any) -> None:
-        """Set the workers' decay on a replica's Keras optimizer (before its train step is traced)."""
-        setattr(inner_optimizer(local), self.name, self.decay)
+        """Set the workers' decay on a replica's Keras optimizer (before its train step is traced), and where
+        the optimizer leaves its start uncorrected, let each coordinate's magnitude rise at the compiled decay
+        (:func:`rise_at_compiled_decay`)."""
+        optimizer = inner_optimizer(local)
+        setattr(optimizer, self.name, self.decay)
+        if not self.corrects_bias:
+            rise_at_compiled_decay(optimizer, self.decay, self.compiled)
 
-    def correction(self, step: int) -> float:
-        """The factor on the rate at the workers' ``step``-th step (from 1): ``√(1 − decay^step)`` where the
-        optimizer leaves its magnitude's start uncorrected, else 1."""
-        return 1.0 if self.corrects_bias else math.sqrt(1.0 - self.decay ** max(int(step), 1))
+    @property
+    def rise_ratio(self) -> float | None:
+        """How many times its magnitude a squared gradient must be for the magnitude to rise at the compiled
+        decay, ``1/(1 − compiled)``; None where the optimizer corrects its start (the magnitude only averages)."""
+        return None if self.corrects_bias else 1.0 / (1.0 - self.compiled)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def describe(self) -> str:
-        fix = "" if self.corrects_bias else ", its start from zero corrected through the rate as Adam corrects its own"
+        rise = ("" if self.corrects_bias else
+                f", rising at {self.compiled:.6g} where a squared gradient exceeds {self.rise_ratio:.3g} times it")
         return (f"{self.name} {self.decay:.6g} instead of {self.compiled:.6g}, averaging the gradient's running "
-                f"magnitude over as many samples as plain training's{fix}")
+                f"magnitude over as many samples as plain training's{rise}")
+
+
+def rise_at_compiled_decay(optimizer: Any, decay: float, compiled: float) -> None:
+    """Make an RMSprop ``optimizer`` trained at ``decay`` raise a coordinate's magnitude at ``compiled`` where
+    the squared gradient ``g²`` exceeds ``1/(1 − compiled)`` times the magnitude ``v`` (:class:`LocalMoment`).
+
+    Keras' own step (every backend's) moves the magnitude to ``decay·v + (1 − decay)·g²``; a hook on the
+    optimizer's collective step (``_backend_update_step``, which every backend calls with the final gradients)
+    first sets those coordinates to ``(compiled·v + (decay − compiled)·g²)/decay``, from which that step lands
+    on ``compiled·v + (1 − compiled)·g²``. Installed once per optimizer; it reads RMSprop's ``_velocities``.
+    """
+    if getattr(optimizer, "_rises_at_compiled_decay", False):
+        return
+    from keras import ops
+
+    ratio = 1.0 / (1.0 - compiled)
+    keras_step = optimizer._backend_update_step
+
+    def rising_step(grads, variables, learning_rate):
+        for gradient, variable in zip(grads, variables, strict=True):
+            velocity = optimizer._velocities[optimizer._get_variable_index(variable)]
+            v = ops.convert_to_tensor(velocity)
+            g2 = ops.square(ops.cast(ops.convert_to_tensor(gradient), v.dtype))
+            velocity.assign(ops.where(g2 > ratio * v, (compiled * v + (decay - compiled) * g2) / decay, v))
+        return keras_step(grads, variables, learning_rate)
+
+    optimizer._backend_update_step = rising_step
+    optimizer._rises_at_compiled_decay = True
 
 
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step
@@ -159,25 +201,11 @@ def ramped_rates(rate: float, scale: float, steps: int) -> list[float]:
     return [rate * (1.0 + (scale - 1.0) * min(i / ramp, 1.0)) for i in range(steps)]
 
 
-#: Below this distance from 1 the bias correction's factor on the rate is left out (:func:`step_rates`).
-CORRECTION_TOLERANCE = 1e-6
-
-
-def step_rates(rate: float, scale: float, warmup: bool, moment: LocalMoment | None, steps: int,
-               done: int = 0) -> list[float] | None:
+def step_rates(rate: float, scale: float, warmup: bool, steps: int) -> list[float] | None:
     """The rate of each of a pass's ``steps`` when it changes within the pass, else None (the pass trains at
     ``scale × rate`` throughout): with ``warmup`` (the fit's first pass) the factor ramps up from 1
-    (:func:`ramped_rates`), and a ``moment`` whose start the rate corrects multiplies each step's rate by its
-    correction at the replica's step ``done + i + 1`` (``done``: the steps its optimizer took before the pass)."""
-    steps = max(int(steps), 1)
-    correct = (moment is not None and not moment.corrects_bias
-               and 1.0 - moment.correction(done + 1) > CORRECTION_TOLERANCE)
-    if not (warmup and scale != 1.0) and not correct:
-        return None
-    rates = ramped_rates(rate, scale, steps) if warmup else [rate * scale] * steps
-    if correct:
-        rates = [r * moment.correction(done + i + 1) for i, r in enumerate(rates)]
-    return rates
+    (:func:`ramped_rates`)."""
+    return ramped_rates(rate, scale, steps) if warmup and scale != 1.0 else None
 
 
 class ScaledLocalRate:
@@ -241,18 +269,15 @@ class ScaledLocalRate:
         """The workers' longer second-moment decay (:class:`LocalMoment`), or None: their optimizer as compiled.
 
         ``decay_scaling=None`` (the default) takes it wherever the workers train at a scaled rate on the split
-        batch, for an optimizer with such a decay (:data:`SECOND_MOMENTS`) that corrects its start itself or
-        whose rate is a number (the correction is a rate at each step); True wherever there are several
-        workers and the decay exists; False never.
+        batch, for an optimizer with such a decay (:data:`SECOND_MOMENTS`), under a schedule too; True wherever
+        there are several workers and the decay exists; False never.
         """
         if self.decay_scaling is False:
             return None
         moment = LocalMoment.for_workers(local, num_workers)
         if moment is None or self.decay_scaling:
             return moment
-        if not self.scaling_for_fit(local, num_workers, batch_split):
-            return None
-        return moment if moment.corrects_bias or settable_rate(local) else None
+        return moment if self.scaling_for_fit(local, num_workers, batch_split) else None
 
     def resolved_for_fit(self, local: Any, num_workers: int, batch_split: bool, unscaled_momentum: float | None,
                          ramps: bool | None = None):

@@ -227,3 +227,34 @@ def test_a_rate_set_between_steps_trains_the_next_step(classes):
     s.sync_to_model()
     _assert_same_state(model, reference)
     assert float(np.array(model.optimizer.learning_rate)) == pytest.approx(rates[-1])
+
+
+def test_the_workers_rmsprop_magnitude_rises_inside_the_compiled_step(classes):
+    """LocalMoment's rise (a hook on the optimizer's collective step) acts inside the stepper's traced step on
+    every backend: from zero, one step leaves the magnitude where the compiled rho would (every square exceeds
+    ten times nothing), where the longer rho alone would leave an eighth of it."""
+    from elephant.optimizers.local import LocalMoment
+
+    x, y = classes
+    moment = LocalMoment.for_workers(keras.optimizers.RMSprop(), 8)
+
+    def magnitudes(how):
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        m.compile(keras.optimizers.RMSprop(1e-3), "sparse_categorical_crossentropy")
+        m.optimizer.build(m.trainable_variables)
+        if how == "rise":
+            moment.apply(m.optimizer)
+        elif how == "longer":
+            m.optimizer.rho = moment.decay
+        s = backends.stepper(m)
+        s.begin_pass()
+        s.step((x, y, None))
+        s.sync_to_model()  # JAX's stepper holds the state until then
+        return [keras.ops.convert_to_numpy(v) for v in m.optimizer._velocities]
+
+    compiled, rising, longer = magnitudes("compiled"), magnitudes("rise"), magnitudes("longer")
+    for a, b, c in zip(compiled, rising, longer, strict=True):
+        assert np.abs(a).max() > 0
+        np.testing.assert_allclose(b, a, rtol=1e-5)
+        np.testing.assert_allclose(c, a * (1 - moment.decay) / 0.1, rtol=1e-4)

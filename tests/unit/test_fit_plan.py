@@ -308,32 +308,6 @@ def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behi
     assert any("Asynchronous windows" in w for w in plan.warnings("asynchronous", epochs)) == warned
 
 
-def _rmsprop_model():
-    return _model_with(keras.optimizers.RMSprop(1e-3))
-
-
-@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
-@pytest.mark.parametrize("workers, model, config, warned", [
-    (16, _rmsprop_model, {}, True),      # collapsed at ten times the rate (simulator, 16 workers)
-    (8, _rmsprop_model, {}, True),       # the same decay rule beyond 4 workers
-    (4, _rmsprop_model, {}, False),      # not measured with the longer decay at ten times the rate at 2 to 4 workers
-    (16, _adam_model, {}, False),        # Adam corrects its magnitude's start; it held at ten times the rate
-    (16, _rmsprop_model, {"decay_scaling": False}, False),
-    (16, _model, {}, False),             # SGD: no running magnitude
-])
-def test_the_workers_longer_rmsprop_decay_beyond_four_workers_is_warned_about(mode, workers, model, config, warned):
-    rule = "modelaveraging" if mode == "synchronous" else "delayednesterov"
-    settings = Settings(mode=mode, optimizer={"name": rule, "config": config} if config else None)
-    plan = plan_fit(settings, model(), workers, 64, samples=200_000)
-    found = [w for w in plan.warnings(mode, 2) if "running magnitude" in w]
-    assert bool(found) == warned
-    if warned:
-        decay = 1 - 0.1 / workers
-        assert plan.local_moment.decay == pytest.approx(decay)
-        assert f"over {workers} times the steps (rho {decay:.6g} instead of 0.9)" in found[0]
-        assert "collapse to chance on 3 fits of 4" in found[0] and "'decay_scaling': False" in found[0]
-
-
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
 @pytest.mark.parametrize("workers, warmup", [(2, None), (4, None), (8, WARMUP_ROUND_STEPS // 8), (16, 2), (32, 1),
                                              (64, 1)])

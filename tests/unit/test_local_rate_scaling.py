@@ -312,8 +312,8 @@ def test_the_workers_decay_averages_k_times_the_steps(local, workers, expected):
     (RMSPROP(1e-3), 2, True, {"sqrt_scaling": False}, True, False),
     (RMSPROP(1e-3), 2, True, {"sqrt_scaling": False, "decay_scaling": True}, True, True),  # forced
     (SGD(0.01), 8, True, {"decay_scaling": True}, True, False),                           # nothing to spread
-    # a schedule: the rate cannot correct RMSprop's start, so its decay stays; Adam corrects its own
-    (RMSPROP(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)), 2, True, {}, True, False),
+    # a schedule: RMSprop's start rises at its compiled decay, whatever the rate; Adam corrects its own
+    (RMSPROP(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)), 2, True, {}, True, True),
     (ADAM(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)), 2, True, {}, True, True),
 ])
 def test_the_plan_decides_the_workers_decay(name, local, workers, split, given, windowed, on):
@@ -338,24 +338,65 @@ def test_the_plan_carries_and_describes_the_workers_decay():
     assert off.local_moment is None and off.as_dict()["local_moment"] is None and "rho" not in off.describe()
 
 
-def test_the_rate_corrects_an_uncorrected_start_step_by_step():
-    rmsprop = O.local.LocalMoment("rho", 0.9875, 0.9, False)
-    rates = O.local.step_rates(1e-3, 2.0, False, rmsprop, 3)
-    assert rates == pytest.approx([2e-3 * math.sqrt(1 - 0.9875 ** t) for t in (1, 2, 3)])
-    later = O.local.step_rates(1e-3, 2.0, False, rmsprop, 3, done=100)  # a later pass goes on from its steps
-    assert later == pytest.approx([2e-3 * math.sqrt(1 - 0.9875 ** t) for t in (101, 102, 103)])
-    assert O.local.step_rates(1e-3, 2.0, False, rmsprop, 3, done=5000) is None  # corrected to within 1e-6
-    ramped = O.local.step_rates(1e-3, 4.0, True, rmsprop, 4)  # with the first epoch's ramp: both factors
-    assert ramped == pytest.approx([r * math.sqrt(1 - 0.9875 ** (i + 1))
-                                    for i, r in enumerate(ramped_rates(1e-3, 4.0, 4))])
-    adam = O.local.LocalMoment("beta_2", 0.99975, 0.999, True)
-    assert O.local.step_rates(1e-3, 2.0, False, adam, 3) is None  # Adam corrects its own start
-    assert O.local.step_rates(1e-3, 4.0, True, adam, 2) == pytest.approx(ramped_rates(1e-3, 4.0, 2))
+def _velocities(moment, gradients, rho=0.9):
+    """RMSprop's running magnitude of one variable after each of ``gradients`` (Keras' own steps)."""
+    var = keras.Variable(np.zeros(len(gradients[0]), "float32"))
+    opt = RMSPROP(1e-3, rho=rho)
+    opt.build([var])
+    if moment is not None:
+        moment.apply(opt)
+        moment.apply(opt)  # a replica built again keeps one hook
+    out = []
+    for g in gradients:
+        opt.apply([np.asarray(g, "float32")], [var])
+        out.append(keras.ops.convert_to_numpy(opt._velocities[0]).copy())
+    return out
 
 
-def test_a_task_trains_with_the_workers_decay_and_a_first_step_of_the_rates_size():
-    """RMSprop at rho 0.9875 would take a first step of 1/sqrt(0.0125) = 8.9 times its rate; with the rate's
-    correction it is the rate's size, as Adam's first step is; the replica's optimizer holds the workers' rho."""
+def test_rmsprop_workers_magnitude_averages_longer_and_rises_at_the_compiled_decay():
+    """At 8 workers the magnitude decays at 0.9875; where a squared gradient exceeds 1/(1 - 0.9) = 10 times it,
+    it rises at 0.9 instead: from zero at the first step, and at a sudden growth, coordinate by coordinate."""
+    moment = O.local.LocalMoment.for_workers(RMSPROP(), 8)
+    assert moment.rise_ratio == pytest.approx(10.0) and O.local.LocalMoment.for_workers(ADAM(), 8).rise_ratio is None
+    gradients = [[1.0, 1.0], [0.9, 0.9], [1.0, 0.5], [1.0, 20.0], [1.0, 0.1]]
+    expected, v = [], np.zeros(2)
+    for g in np.square(gradients):
+        decay = np.where(g > 10 * v, 0.9, 0.9875)
+        v = decay * v + (1 - decay) * g
+        expected.append(v)
+    got = _velocities(moment, gradients)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert got[0] == pytest.approx([0.1, 0.1]) and got[1][0] == pytest.approx(0.9875 * 0.1 + 0.0125 * 0.81)
+    assert got[3][1] > 0.1 * 400  # the growth took a tenth of the new square at once, not an eightieth
+    np.testing.assert_allclose(_velocities(None, gradients[:1]), [[0.1, 0.1]], rtol=1e-6)  # as compiled at first
+
+
+def test_a_growing_gradient_moves_the_workers_rmsprop_no_further_than_the_compiled_one_can():
+    """A gradient that grows 100-fold after 200 steady steps: the longer decay alone would step 1/sqrt(80) times
+    the growth's size relative to its magnitude (about 9 times the rate); rising, the step stays within
+    1/sqrt(1 - rho) = 3.2 times the rate, the compiled RMSprop's largest."""
+    def last_step(moment):
+        var = keras.Variable(np.zeros(1, "float32"))
+        opt = RMSPROP(1.0)
+        opt.build([var])
+        if moment is not None:
+            moment.apply(opt)
+        else:
+            opt.rho = 0.9875
+        before = None
+        for g in [0.1] * 200 + [10.0]:
+            before = keras.ops.convert_to_numpy(var).copy()
+            opt.apply([np.array([g], "float32")], [var])
+        return float(abs(keras.ops.convert_to_numpy(var)[0] - before[0]))
+
+    assert last_step(None) > 8.0
+    assert last_step(O.local.LocalMoment.for_workers(RMSPROP(), 8)) <= 1 / math.sqrt(0.1) + 1e-3
+
+
+def test_a_task_trains_with_the_workers_decay_and_a_first_step_of_the_compiled_size():
+    """RMSprop at rho 0.9875 would take a first step of 1/sqrt(0.0125) = 8.9 times its rate; its magnitude rising
+    from zero at the compiled 0.9, the first step is the compiled RMSprop's, 1/sqrt(0.1) times the rate; the
+    replica's optimizer holds the workers' rho, and no pass changes its rate for it."""
     rng = np.random.default_rng(0)
     data = (rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 2)).astype("float32"))
 
@@ -371,34 +412,37 @@ def test_a_task_trains_with_the_workers_decay_and_a_first_step_of_the_rates_size
         moved = np.abs(a) > 1e-6
         assert moved.any()
         np.testing.assert_allclose(np.abs(a[moved]), 1e-3 / math.sqrt(0.1), rtol=1e-2)  # RMSprop's own start
-        np.testing.assert_allclose(np.abs(b[moved]), 1e-3, rtol=1e-2)
+        np.testing.assert_allclose(np.abs(b[moved]), 1e-3 / math.sqrt(0.1), rtol=1e-2)
     spec = worker.TaskSpec(
         run="moment", epoch=0, model_bytes=model_to_bytes(model()), fingerprint="f", optimizer=O.Downpour(),
         window=1, batch_size=64, mode="asynchronous", ps_url="in-process", token="t", read_timeout=5.0,
         local_moment=moment)
     from elephant.replicas import training_model
 
-    assert float(training_model(spec).optimizer.rho) == pytest.approx(0.9875)
-    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=1e-3), 128) == pytest.approx(
-        [1e-3 * math.sqrt(1 - 0.9875 ** t) for t in (1, 2)])
-    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=None), 128) is None  # a schedule
+    replica = training_model(spec).optimizer
+    assert float(replica.rho) == pytest.approx(0.9875) and replica._rises_at_compiled_decay
+    assert worker.pass_rates(dataclasses.replace(spec, learning_rate=1e-3), 128) is None  # one rate throughout
 
 
 def test_the_simulator_trains_with_the_workers_decay_as_the_tasks_do(monkeypatch):
-    """simulate_fit's replicas take the plan's decay and the correction's rates a task would, pass after pass."""
-    seen = []
+    """simulate_fit's replicas take the plan's decay and its rise as a task's replica does, each its own; no
+    pass changes their rate for it (two workers: no ramp)."""
+    seen, applied = [], []
     set_rate = backends.Stepper.set_learning_rate
     monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (seen.append(rate),
                                                                                     set_rate(self, rate)))
+    apply = O.local.LocalMoment.apply
+    monkeypatch.setattr(O.local.LocalMoment, "apply", lambda self, local: (applied.append((self, local)),
+                                                                          apply(self, local)))
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 3)).astype("float32")
     y = x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32")
     keras.utils.set_random_seed(0)
     m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     m.compile(RMSPROP(1e-3), "mse")
-    fit = O.simulate_fit(m, x, y, epochs=2, batch_size=16, num_workers=2, mode="synchronous", shuffle=False)
-    moment = O.local.LocalMoment("rho", 0.95, 0.9, False)
-    assert fit.optimizer.sqrt_scaling is True
-    scaled = 1e-3 * math.sqrt(2)  # 32 samples per worker, batches of 8: four steps a pass, no ramp at 2 workers
-    per_worker = [scaled * moment.correction(t) for t in range(1, 9)]
-    assert sorted(seen) == pytest.approx(sorted(per_worker * 2))
+    fit = O.simulate_fit(m, x, y, epochs=2, batch_size=16, num_workers=2, mode="synchronous", shuffle=False,
+                         share_model=False)
+    assert fit.optimizer.sqrt_scaling is True and seen == []
+    assert [moment for moment, _ in applied] == [O.local.LocalMoment("rho", 0.95, 0.9, False)] * 2
+    assert all(float(local.rho) == pytest.approx(0.95) and local._rises_at_compiled_decay for _, local in applied)
+    assert float(m.optimizer.rho) == pytest.approx(0.9) and not hasattr(m.optimizer, "_rises_at_compiled_decay")
