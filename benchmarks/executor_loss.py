@@ -1,8 +1,8 @@
 """Executor loss on a real multi-process cluster (reliability plan T08).
 
 Starts ``local-cluster[2,1,1024]`` (two executor JVMs from the pip wheel), fits
-a digits MLP for 4 epochs with 2 workers, and SIGKILLs one executor JVM 2 s
-into epoch 2, in each mode asked for. The standalone worker starts a new
+a digits MLP for 4 epochs (``--epochs``) with 2 workers, and SIGKILLs one executor
+JVM 1 s (``--kill-after``) into epoch 2, in each mode asked for. The standalone worker starts a new
 executor; Spark re-runs the lost tasks of an ordinary stage itself, and
 elephant rolls a failed barrier (synchronous) epoch back and trains it again.
 ``--executor-shards`` adds an asynchronous fit whose parameter server is two
@@ -113,8 +113,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free fits")
     parser.add_argument("--kill-after", type=float, default=1.0, help="seconds into epoch 2 (default 1)")
     parser.add_argument("--repeat", type=int, default=24, help="copies of the digits training set (default 24)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs of each fit, at least 3 (default 4)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "executor_loss.json"))
     args = parser.parse_args(argv)
+    if args.epochs < 3:
+        parser.error(f"--epochs must be at least 3 (an epoch after the one killed in); received {args.epochs}")
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     import numpy as np
@@ -145,8 +148,8 @@ def main(argv=None) -> int:
             configs.append(("asynchronous", 2, "executors"))
         for mode, shards, placement in configs:
             for kill in ([False, True] if not args.no_baseline else [True]):
-                rows.append(fit_once(spark, mode, kill, data, kill_after=args.kill_after, shards=shards,
-                                     placement=placement))
+                rows.append(fit_once(spark, mode, kill, data, kill_after=args.kill_after, epochs=args.epochs,
+                                     shards=shards, placement=placement))
                 print(json.dumps(rows[-1]), flush=True)
                 deadline = time.monotonic() + 120  # the next fit starts with both executors back
                 while len(executor_pids(spark.sparkContext.applicationId)) < 2 and time.monotonic() < deadline:
