@@ -273,10 +273,10 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     if scaled and epochs is not None and epochs > behind:
         return None
     if scaled and ramped:
-        measured = ("2.7 to 9.4 points behind plain Keras after a first epoch on a GRU trained with Adam and 2.5 to "
-                    "11.0 on a Conv2D trained with RMSprop, committing in windows of 4 steps while the first epoch "
-                    "ramps the rate (the synchronous default up to 5.1 and 0.0 to 4.9), and within 0.6 points of it "
-                    "or above after the second" if warmup_window is not None else
+        measured = ("2.7 to 9.4 points behind plain Keras after a first epoch on a GRU trained with Adam and up to "
+                    "2.8 on a Conv2D trained with RMSprop, committing in windows of 4 steps while the first epoch "
+                    "ramps the rate (the synchronous default up to 5.1 and 2.4), and within 0.9 points of it or above "
+                    "after the second" if warmup_window is not None else
                     "2.5 to 12.2 points behind plain Keras after a first epoch on a GRU trained with Adam and 5.7 to "
                     "40.6 on a Conv2D trained with RMSprop (the synchronous default up to 5.8 and 3.2 to 14.9), and "
                     "within half a point of it or above after the second")
