@@ -97,18 +97,19 @@ def test_a_trial_that_trains_its_last_epoch_completes_whatever_the_pruner_says(s
 
 def test_timeout_cancels_the_running_trial_spark_jobs(spark, digits):
     x_train, _, y_train, _ = digits
-    # One epoch of about 23,000 single-sample steps, each with a commit round trip, takes longer
-    # than the time limit plus the slack below: only cancelling the trial's Spark job (not the
-    # callback that stops a fit at an epoch's end) can end it in time. The slack covers the
-    # search's start (the data's preparation grows with it) and a loaded machine: a bound of
-    # 12 s failed at 21.8 s in a full run.
+    # One epoch of about 23,000 single-sample steps, each with a commit round trip, takes minutes,
+    # far longer than the time limit plus the slack below: only cancelling the trial's Spark job
+    # (not the callback that stops a fit at an epoch's end) can end it in time. The slack covers
+    # the search's start (the data's preparation grows with it), the rollback of the cancelled
+    # epoch and a loaded machine: alone the search returns in about 10 s, but bounds of 12 s and
+    # 33 s failed at 21.8 s and 42.4 s in full runs (the latter after 470 of those commits).
     x_long, y_long = np.tile(x_train, (20, 1)), np.tile(y_train, 20)
     t0 = time.monotonic()
     result = minimize(small_model, {"units": hp.choice("units", [8, 16])}, x_long, y_long, max_evals=3,
                       timeout=8, validation_split=0.2, epochs=1, batch_size=1, frequency="batch", seed=0,
                       verbose=0, spark=spark)
     elapsed = time.monotonic() - t0
-    assert elapsed < 8 + 25, f"search returned {elapsed:.1f}s after starting with timeout=8"
+    assert elapsed < 8 + 50, f"search returned {elapsed:.1f}s after starting with timeout=8"
     assert len(result.trials) == 1  # nothing starts after the deadline
     trial = result.trials[0]
     assert trial.status == "timeout" and "time limit reached" in trial.error and trial.model is None
