@@ -24,7 +24,7 @@ head's samples are then trained twice in the first epoch, so only the last epoch
 whether the fit stays stable without the ramp).
 
 Results go to ``benchmarks/results/first_epoch_<tag>.json`` (one row per workload, seed, workers,
-head, variant and ``full``: the test score after each epoch, seconds).
+head, variant, ``full`` and ``--frequency``: the test score after each epoch, seconds).
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 VARIANTS = ("plain", "sync", "async", "sync-noramp", "async-noramp")
 
 
-def first_epoch(wl, seed: int, workers: int, head: int, variant: str, full: bool = False) -> dict:
+def first_epoch(wl, seed: int, workers: int, head: int, variant: str, full: bool = False,
+                frequency: int | None = None) -> dict:
     """Test scores after ``head`` plain Keras steps on a random subset and ``variant`` on the rest of the first
     epoch; with ``full``, ``variant`` trains the workload's epochs over all the samples after the head (the head's
-    samples a second time in the first: for stability, not for a first epoch's gap)."""
+    samples a second time in the first: for stability, not for a first epoch's gap). ``frequency`` fixes the
+    default's window (None: the window it decides)."""
     import elephant.optimizers.local as local
     from elephant.optimizers import simulate_fit
 
@@ -81,7 +83,7 @@ def first_epoch(wl, seed: int, workers: int, head: int, variant: str, full: bool
         try:
             fit = simulate_fit(model, wl.x[rest], wl.y[rest], epochs=epochs, batch_size=wl.batch_size,
                                num_workers=workers, seed=seed, validation_data=(wl.x_test, wl.y_test),
-                               mode={"sync": "synchronous", "async": "asynchronous"}[mode])
+                               frequency=frequency, mode={"sync": "synchronous", "async": "asynchronous"}[mode])
         finally:
             local.ramped_rates = ramped
         curve = fit.history["val_" + wl.metric]
@@ -99,22 +101,25 @@ def main() -> None:
                         help="compile every model at this many times its workload's rate (as convergence.py)")
     parser.add_argument("--full", action="store_true",
                         help="after the head, train the workload's epochs over all its samples (a stability check)")
+    parser.add_argument("--frequency", type=int, default=None, help="fix the default's window (local steps)")
     parser.add_argument("--tag", default="", help="suffix of the results file")
     args = parser.parse_args()
     path = os.path.join(RESULTS, f"first_epoch{'_' + args.tag if args.tag else ''}.json")
     rows = json.load(open(path))["rows"] if os.path.exists(path) else []
-    done = {(r["workload"], r["seed"], r["workers"], r["head"], r["variant"], r.get("full", False)) for r in rows}
+    done = {(r["workload"], r["seed"], r["workers"], r["head"], r["variant"], r.get("full", False),
+             r.get("frequency")) for r in rows}
     for name in args.workloads:
         wl = WL.make(name)
         name = with_rate(wl, args.rate_multiplier)
         for seed in args.seeds:
             for workers in args.workers:
                 for variant in args.variants:
-                    key = (name, seed, 0 if variant == "plain" else workers, args.head, variant, args.full)
+                    frequency = None if variant == "plain" else args.frequency
+                    key = (name, seed, 0 if variant == "plain" else workers, args.head, variant, args.full, frequency)
                     if key in done:
                         continue
-                    row = dict(zip(("workload", "seed", "workers", "head", "variant", "full"), key))
-                    row.update(first_epoch(wl, seed, workers, args.head, variant, args.full))
+                    row = dict(zip(("workload", "seed", "workers", "head", "variant", "full", "frequency"), key))
+                    row.update(first_epoch(wl, seed, workers, args.head, variant, args.full, frequency))
                     rows.append(row)
                     done.add(key)
                     print(f"{name} seed {seed} K={key[2]} head {args.head} {variant:13s} {row['score']:.4f} "
