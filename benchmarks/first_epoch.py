@@ -1,7 +1,7 @@
 """Where a distributed fit's first epoch loses against plain Keras: a head of plain Keras steps, then the default.
 
 Beyond 4 workers under an adaptive optimizer the defaults' first epoch trails plain Keras
-(docs/convergence.md, "The first epoch at 16 workers"). This script splits the first epoch in
+(docs/convergence.md, "The first epoch at 16 workers: where it loses"). This script splits the first epoch in
 two to find which part costs: its first ``--head`` steps are trained by plain Keras on the
 global batch (what synchronous gradient averaging would train), and the rest of the epoch by
 :func:`elephant.optimizers.simulate_fit` with a mode's default, starting from the head's weights
@@ -105,7 +105,8 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the results file")
     args = parser.parse_args()
     path = os.path.join(RESULTS, f"first_epoch{'_' + args.tag if args.tag else ''}.json")
-    rows = json.load(open(path))["rows"] if os.path.exists(path) else []
+    saved = json.load(open(path)) if os.path.exists(path) else {"meta": {}, "rows": []}
+    rows, what = saved["rows"], saved["meta"].get("what")  # a description written into the file outlives the runs
     done = {(r["workload"], r["seed"], r["workers"], r["head"], r["variant"], r.get("full", False),
              r.get("frequency")) for r in rows}
     for name in args.workloads:
@@ -124,11 +125,15 @@ def main() -> None:
                     done.add(key)
                     print(f"{name} seed {seed} K={key[2]} head {args.head} {variant:13s} {row['score']:.4f} "
                           f"{'(all epochs) ' if args.full else ''}in {row['seconds']:.0f}s", flush=True)
-                    os.makedirs(RESULTS, exist_ok=True)
-                    with open(path + ".tmp", "w") as f:
-                        json.dump({"meta": {"script": "first_epoch.py", "time": time.strftime("%Y-%m-%d %H:%M")},
-                                   "rows": rows}, f, indent=1)
-                    os.replace(path + ".tmp", path)
+                    _save(path, rows, what)
+
+
+def _save(path: str, rows: list, what: str | None) -> None:
+    meta = {"script": "first_epoch.py", "time": time.strftime("%Y-%m-%d %H:%M"), **({"what": what} if what else {})}
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
