@@ -12,7 +12,9 @@ and optimizer state. Variants, each from the seed's initial weights over the sam
 * ``sync-noramp`` / ``async-noramp``: the same with the factor at ``√K`` from the rest's first
   step (``elephant.optimizers.local.ramped_rates`` patched; the short warm-up windows kept).
 
-``--head 0`` gives the defaults' own first epoch against a plain one-epoch fit.
+``--head 0`` gives the defaults' own first epoch against a plain one-epoch fit as they trained it before
+their own head (``elephant.fit.head``, which this script measured the case for): the rest's fit runs
+without it (``HEAD_STEPS`` 0), ramping the factor where the plan says so.
 
 Run::
 
@@ -53,6 +55,7 @@ def first_epoch(wl, seed: int, workers: int, head: int, variant: str, full: bool
     epoch; with ``full``, ``variant`` trains the workload's epochs over all the samples after the head (the head's
     samples a second time in the first: for stability, not for a first epoch's gap). ``frequency`` fixes the
     default's window (None: the window it decides)."""
+    import elephant.fit.head as fit_head
     import elephant.optimizers.local as local
     from elephant.optimizers import simulate_fit
 
@@ -77,15 +80,16 @@ def first_epoch(wl, seed: int, workers: int, head: int, variant: str, full: bool
             curve.append(score())
     else:
         mode, _, ramp = variant.partition("-")
-        ramped = local.ramped_rates
+        ramped, head_steps = local.ramped_rates, fit_head.HEAD_STEPS
         if ramp == "noramp":  # every step of the pass at the full factor
             local.ramped_rates = lambda rate, scale, steps: [rate * scale] * max(int(steps), 1)
+        fit_head.HEAD_STEPS = 0  # the rest as the defaults trained before their own head: the ramp where it applies
         try:
             fit = simulate_fit(model, wl.x[rest], wl.y[rest], epochs=epochs, batch_size=wl.batch_size,
                                num_workers=workers, seed=seed, validation_data=(wl.x_test, wl.y_test),
                                frequency=frequency, mode={"sync": "synchronous", "async": "asynchronous"}[mode])
         finally:
-            local.ramped_rates = ramped
+            local.ramped_rates, fit_head.HEAD_STEPS = ramped, head_steps
         curve = fit.history["val_" + wl.metric]
     return {"score": curve[-1], "curve": curve, "seconds": time.perf_counter() - t0}
 

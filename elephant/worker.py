@@ -72,6 +72,7 @@ class TaskSpec:
     learning_rate_warmup: bool = False  # this pass ramps that factor up from 1 (the fit's first epoch)
     local_moment: LocalMoment | None = None  # the replicas' second-moment decay (FitPlan.local_moment; None: compiled)
     warmup_window: int | None = None  # commit every this many steps in the pass's first RAMP_STEPS (FitPlan's)
+    skip_steps: int = 0  # the pass's first batches, which the driver's head trained (elephant.fit.head)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -313,6 +314,21 @@ def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
                       -(-n // spec.batch_size))
 
 
+def pass_order(key: str | None, epoch: int, partition: int, n: int) -> np.ndarray:
+    """The order in which a partition's task trains its ``n`` samples in ``epoch``: shuffled with the fit's
+    ``key`` (:func:`shuffle_order`), or as they are where ``key`` is None (``shuffle=False``)."""
+    return np.arange(n) if key is None else shuffle_order(key, epoch, partition, n)
+
+
+def pass_rows(spec: TaskSpec, partition: int, n: int) -> np.ndarray | None:
+    """The rows of a partition of ``n`` samples its task trains this epoch, in order (None: all, as they are): the
+    epoch's :func:`pass_order` without the ``spec.skip_steps`` batches the driver's head trained."""
+    if not (spec.shuffle or spec.skip_steps):
+        return None
+    key = (spec.shuffle_key or spec.run) if spec.shuffle else None
+    return pass_order(key, spec.epoch, partition, n)[spec.skip_steps * spec.batch_size:]
+
+
 def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
                 rates: list[float] | None = None) -> dict[str, float]:
     """One pass over the block with Keras' compiled train step; commits via ``window``.
@@ -324,10 +340,10 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
     its entry of ``rates`` when given (:func:`pass_rates`). The caller
     syncs the stepper's state back into ``model`` after the pass's last commit.
     """
-    n = D.num_samples(x)
-    if spec.shuffle:  # seeded: a retried task replays the samples of the attempt it replaces, in order
-        order = shuffle_order(spec.shuffle_key or spec.run, spec.epoch, window.partition, n)
+    order = pass_rows(spec, window.partition, D.num_samples(x))
+    if order is not None:  # seeded: a retried task replays the samples of the attempt it replaces, in order
         x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
+    n = D.num_samples(x)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}
     for i, start in enumerate(range(0, n, spec.batch_size)):
@@ -342,6 +358,10 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
         if window.diverged_at is not None:
             break
     return {k: float(v) for k, v in logs.items()}
+
+
+def _weight_sum(w: np.ndarray, rows: np.ndarray | None) -> float:
+    return float(np.sum(w if rows is None else D.take(w, rows)))
 
 
 def run_partition(
@@ -370,16 +390,17 @@ def run_partition(
     block = next(D.concat_blocks(blocks), None)
     n = 0 if block is None else D.num_samples(block[0])
     base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0, "device": device}
-    if n == 0:
+    trained = n - min(n, spec.skip_steps * spec.batch_size)  # the rows after the driver's head
+    if trained == 0:
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
     x, y, w = D.unpack(block)
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
-    rates = pass_rates(spec, n)
+    rates = pass_rates(spec, trained)
     rate = _current_rate(model.optimizer) if rates is None else rates[0]  # at the pass's first step
     t_ready = time.perf_counter()
-    window = _Window(model, client, spec, partition, attempt, n)
+    window = _Window(model, client, spec, partition, attempt, trained)
     try:
         logs = _train_pass(model, x, y, w, spec, window, rates)
         window.commit()  # flush the partial last window
@@ -398,7 +419,7 @@ def run_partition(
             optimizer_state=optimizer_state,
             learning_rate=rate,
             logs=logs,
-            weight_sum=n if w is None else float(np.sum(w)),
+            weight_sum=trained if w is None else _weight_sum(w, pass_rows(spec, partition, n)),
             weighted_keys=weighted_metric_keys(model),
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,

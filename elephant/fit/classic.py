@@ -26,6 +26,7 @@ from elephant.config import FitArgs, Settings
 from elephant.errors import DataError
 from elephant.fit import hosted
 from elephant.fit.epoch import collect_checked
+from elephant.fit.head import partition_head
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
 
@@ -128,6 +129,14 @@ class ClassicRun:
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
         gpu.check_request(self.conf, self.sc.master, backend, self.sc.environment)
+
+    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
+        """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: one job over
+        the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``."""
+        with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"):
+            rows = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size))
+            found = collect_checked(rows.collect)
+        return [rows for _, rows in sorted(found, key=lambda item: item[0])]
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Broadcast the model and start the servers: ``(the tasks' model_bytes, the servers' urls)``.

@@ -27,6 +27,7 @@ from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 from elephant.fit.backup import in_callback_order, resume_from_backup, save_backup
 from elephant.fit.epoch import run_epoch
+from elephant.fit.head import train_head
 from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
                                    task_devices, validates_after)
@@ -198,10 +199,15 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     shards = plan.ps_shards
     initial_epoch, rule_state, past = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch,
                                                          shards)
+    key = shuffle_key(settings.seed, model.get_weights())
+    head = plan.head_steps if initial_epoch == args.initial_epoch else 0  # none in a resumed fit (nor a ramp)
+    if head:  # before the store and the archive: the workers start from its weights and optimizer state
+        order_key = (key or run) if args.shuffle else None
+        train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size), head,
+                   plan.worker_batch_size)
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
-    key = shuffle_key(settings.seed, model.get_weights())
-    structure = replica_structure(model, custom_objects)
+    structure = "" if head else replica_structure(model, custom_objects)  # a shared replica keeps its own start
     if structure and plan.learning_rate_scale != 1.0 and settable_learning_rate(model.optimizer) is None:
         structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
     if structure and plan.local_moment is not None:  # a replica's optimizer traced with the workers' decay
@@ -245,6 +251,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 shuffle_key=key, learning_rate_scale=plan.learning_rate_scale,
                 learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
                 warmup_window=plan.warmup_window if epoch == args.initial_epoch else None,  # set where the rate ramps
+                skip_steps=head if epoch == initial_epoch else 0,
                 local_moment=plan.local_moment, **sharded,
             )
             progress = LiveProgress(cbks._progbar, store, steps, samples).start()

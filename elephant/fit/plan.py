@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elephant.config import Settings
+from elephant.fit.head import head_steps
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
-from elephant.optimizers.local import MAX_SCALED_WORKERS, LocalMoment, adapts_step_size
+from elephant.optimizers.local import MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, adapts_step_size
 
 __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
            "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
@@ -329,9 +330,13 @@ class FitPlan:
             over ``K`` times the steps where the rate is scaled), or None: as compiled.
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
-        warmup_window: the local steps per commit while the fit's first epoch ramps the
-            workers' rate up (None: ``window`` throughout): a decided window under the
-            warm-up's round bound (:data:`WARMUP_ROUND_STEPS`).
+        warmup_window: the local steps per commit in the workers' first steps of the fit's
+            first epoch, where it ramps their rate up or follows a head (None: ``window``
+            throughout): a decided window under the warm-up's round bound (:data:`WARMUP_ROUND_STEPS`).
+        head_steps: the first steps of the fit's first epoch that the driver trains with the
+            compiled optimizer on the global batch (:mod:`elephant.fit.head`), the workers
+            then at the full factor from their first step; 0: none. Planned where the factor
+            would otherwise ramp up, for a fit whose server the driver hosts.
     """
 
     num_workers: int
@@ -349,6 +354,7 @@ class FitPlan:
     learning_rate_warmup: bool = False
     local_moment: LocalMoment | None = None
     warmup_window: int | None = None
+    head_steps: int = 0
 
     @property
     def ps_shards(self) -> int:
@@ -363,7 +369,7 @@ class FitPlan:
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
                 "learning_rate_scale": self.learning_rate_scale, "learning_rate_warmup": self.learning_rate_warmup,
                 "local_moment": None if self.local_moment is None else self.local_moment.as_dict(),
-                "warmup_window": self.warmup_window,
+                "warmup_window": self.warmup_window, "head_steps": self.head_steps,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
@@ -402,9 +408,12 @@ class FitPlan:
             moment = (f"; the workers' optimizer trains with {self.local_moment.describe()} "
                       "(decay_scaling=False turns it off)")
         warmup = ("" if self.warmup_window is None else
-                  f" ({self.warmup_window} while the first epoch ramps the workers' rate up)")
+                  f" ({self.warmup_window} in the workers' first {RAMP_STEPS} steps of the first epoch)")
+        head = ("" if not self.head_steps else
+                f"; the driver trains the first {self.head_steps} steps of the first epoch with the compiled "
+                "optimizer on the global batch, the workers the rest of it at the full factor")
         return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
-                f"window={self.window}{warmup}; {batches}; {flights}")
+                f"window={self.window}{warmup}{head}; {batches}; {flights}")
 
 
 def model_size(model) -> tuple[int, int]:
@@ -467,13 +476,15 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
     rule = settings.optimizer.for_fit(model.optimizer, num_workers, split, window)
     warmup = rule.local_rate_warmup(model.optimizer, num_workers, split)
+    head = head_steps(samples, batch_size) if warmup and not hosted else 0  # replaces the ramp where it can
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
         splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
         learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
-        learning_rate_warmup=warmup, local_moment=rule.local_moment(model.optimizer, num_workers, split),
+        learning_rate_warmup=warmup and not head, local_moment=rule.local_moment(model.optimizer, num_workers, split),
         warmup_window=warmup_window(window, num_workers) if choice is not None and warmup and split else None,
+        head_steps=head,
     )
 
 

@@ -17,8 +17,11 @@ booking a cluster; ``benchmarks/convergence.py`` compares the two.
 
 It plans through :func:`elephant.fit.plan.plan_fit` with the same
 :class:`~elephant.config.Settings` a SparkModel holds, so the simulated fit
-trains the plan a Spark fit would. ``elephant.optimizers.simulate_fit`` names
-this function too (imported on first use: the optimizers stay numpy-only).
+trains the plan a Spark fit would: where the plan has a head
+(:mod:`elephant.fit.head`), the model trains it first on each shard's first
+batches, as a Spark fit's driver does, and the replicas start from it and skip
+them. ``elephant.optimizers.simulate_fit`` names this function too (imported on
+first use: the optimizers stay numpy-only).
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from elephant import data as D
 from elephant.backends import stepper, variable_access
 from elephant.config import Settings, check_positive_int
 from elephant.errors import ConfigError
+from elephant.fit.head import head_rows, train_head
 from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.local import RAMP_STEPS, LocalMoment, step_rates
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
-from elephant.worker import shuffle_key, shuffle_order, train_at_rate
+from elephant.worker import pass_order, shuffle_key, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
 
@@ -144,13 +148,15 @@ class _Engine:
 class _Replica:
     """One simulated worker: its shard, reshuffled every epoch, and its turns on a Keras model."""
 
-    def __init__(self, engine: _Engine, x, y, batch_size: int, shuffle_key: str | None, partition: int):
+    def __init__(self, engine: _Engine, x, y, batch_size: int, shuffle_key: str | None, partition: int,
+                 skip: int = 0):
         self.engine, self.x, self.y = engine, x, y
         self.batch_size, self.shuffle_key, self.partition = batch_size, shuffle_key, partition  # key None: no shuffle
+        self.skip = skip  # rows of the first pass the driver's head trained, as TaskSpec.skip_steps
         self.n = D.num_samples(x)
         self.epoch = -1
-        self.order = np.arange(self.n)
-        self.position = self.n  # the first step starts a pass
+        self.order = np.arange(0)
+        self.position = 0  # the first step starts a pass
         self.count = len(engine.model.weights)  # what get_weights returns, without copying it
         self.live: _LiveWeights | None = None
         self.state: list[np.ndarray] | None = None  # the variables while another replica holds the engine
@@ -158,15 +164,16 @@ class _Replica:
         self.rates: list[float] | None = None  # this pass's rate at each step, where it changes within the pass
 
     def train_step(self, weights):
-        if self.position >= self.n:  # a new pass over the shard: reshuffle, as run_partition does
+        while self.position >= len(self.order):  # a new pass over the shard: reshuffle, as run_partition does
             self.epoch += 1
-            self.order = (np.arange(self.n) if self.shuffle_key is None
-                          else shuffle_order(self.shuffle_key, self.epoch, self.partition, self.n))
+            self.order = pass_order(self.shuffle_key, self.epoch, self.partition, self.n)
+            if self.epoch == 0:
+                self.order = self.order[self.skip:]
             self.position = 0
             self.queue.append(("pass", None))
             if self.engine.rates is not None:
                 rate, scale = self.engine.rates
-                rates = step_rates(rate, scale, self.epoch == 0, -(-self.n // self.batch_size))
+                rates = step_rates(rate, scale, self.epoch == 0, -(-len(self.order) // self.batch_size))
                 if rates is None and self.rates is not None:  # back to one rate, as the next task sets it
                     self.queue.append(("rate", rate * scale))
                 self.rates = rates
@@ -267,14 +274,20 @@ def simulate_fit(
     opt, window = plan.rule, plan.window
     global_batch, batch_size = batch_size, plan.worker_batch_size
     shards = D.split_numpy(x, y, num_workers, seed=seed)
+    # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
+    key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None
+    sizes = [D.num_samples(sx) for sx, _ in shards]
+    head = min([plan.head_steps] + [-(-n // batch_size) - 1 for n in sizes])  # every shard keeps a step to train
+    if head > 0:  # as the Spark fit's driver trains it (elephant.fit.head), before the archive
+        train_head(model, [head_rows(shard, pass_order(key, 0, k, n), head, batch_size)
+                           for k, (shard, n) in enumerate(zip(shards, sizes, strict=True))], head, batch_size)
+    skips = [min(n, max(head, 0) * batch_size) for n in sizes]
     archive = model_to_bytes(model)
     rates = (plan.learning_rate_scale, plan.learning_rate_warmup, plan.local_moment)
     engine = _Engine(model_from_bytes(archive, custom_objects), *rates) if share_model else None
-    # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
-    key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None
     replicas = [
         _Replica(engine or _Engine(model_from_bytes(archive, custom_objects), *rates), sx, sy,
-                 batch_size, key, k)
+                 batch_size, key, k, skips[k])
         for k, (sx, sy) in enumerate(shards)
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers
@@ -283,9 +296,11 @@ def simulate_fit(
 
     steps = [-(-r.n // batch_size) for r in replicas]
     one_epoch = timed(times, window or max(steps), steps)  # every epoch plays the same interleaving
-    first = one_epoch  # but the first, whose windows are shorter while the workers' rate ramps up
-    if plan.warmup_window is not None:  # set only where the first epoch ramps the rate
-        first = timed(times, window or max(steps), steps, warmup=(plan.warmup_window, RAMP_STEPS))
+    # but the first, after the head's rows and with shorter windows while the workers' rate ramps up
+    first_steps = [-(-(r.n - r.skip) // batch_size) for r in replicas]
+    warmup = None if plan.warmup_window is None else (plan.warmup_window, RAMP_STEPS)
+    first = one_epoch if first_steps == steps and warmup is None else timed(
+        times, window or max(steps), first_steps, warmup=warmup)
     schedule = first + one_epoch * (epochs - 1)
 
     def updates(events: list[tuple]) -> int:  # rounds or commits

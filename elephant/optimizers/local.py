@@ -296,8 +296,9 @@ class ScaledLocalRate:
         workers = max(int(num_workers), 1)
         if not self.sqrt_scaling or workers < 2:
             return ""
-        ramp = (f", ramped up from the compiled rate over the first epoch (its first {RAMP_STEPS} steps at most) "
-                "when that is a number" if workers > MAX_SCALED_WORKERS else "")
+        ramp = (f", from the first epoch's steps after those the driver trains (elephant.fit.head), else ramped "
+                f"up from the compiled rate over the first epoch (its first {RAMP_STEPS} steps at most) when that "
+                "is a number" if workers > MAX_SCALED_WORKERS else "")
         return (f"; the workers train at sqrt({workers}) = {math.sqrt(workers):.3g} times the compiled learning rate "
                 f"for the adaptive optimizer's steps on the split batch{ramp} (sqrt_scaling=False turns it off)")
 

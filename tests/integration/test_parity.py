@@ -51,15 +51,24 @@ def test_default_reaches_plain_keras_accuracy_and_logs_what_it_adds(spark, digit
     assert sm.model.optimizer.beta_2 == pytest.approx(0.999)  # the user's model keeps its own
 
 
-def test_beyond_four_workers_the_first_epoch_commits_in_shorter_windows_while_the_rate_ramps(spark, digits):
+def test_beyond_four_workers_the_driver_trains_the_first_epochs_first_steps_and_the_workers_the_rest(spark, digits,
+                                                                                                     caplog):
     x_train, _, y_train, _ = digits
     sm = SparkModel(digits_model(), mode="asynchronous", num_workers=8, spark=spark)  # 8 tasks, 2 at a time
-    sm.fit(x_train, y_train, epochs=2, batch_size=64, verbose=0)
+    with caplog.at_level(logging.INFO, logger="elephant.fit"):
+        sm.fit(x_train, y_train, epochs=2, batch_size=64, verbose=0)
     plan = sm.fit_plan
-    assert plan["learning_rate_warmup"] and (plan["warmup_window"], plan["window"]) == (WARMUP_ROUND_STEPS // 8, 16)
-    # passes of 21 or 22 steps of 8 samples: commits after 4, 8, 12, 16, 20 and the last step, then after 16 and it
+    steps = -(-len(x_train) // 64)
+    assert plan["head_steps"] == steps // 2 and not plan["learning_rate_warmup"]
+    assert (plan["warmup_window"], plan["window"]) == (WARMUP_ROUND_STEPS // 8, 16)
+    assert any(f"the first {steps // 2} steps of the first epoch trained on the driver" in r.getMessage()
+               for r in caplog.records)
+    # the rest of each pass of 21 or 22 steps of 8 samples, at sqrt(8) times the rate from its first step:
+    # commits after 4, 8 and its last step, then after 16 and the last in the second epoch
     commits = Counter((key.epoch, key.partition) for key, _ in sm.last_ledger)
-    assert commits == {(epoch, p): n for epoch, n in ((0, 6), (1, 2)) for p in range(8)}
+    assert commits == {(epoch, p): n for epoch, n in ((0, 3), (1, 2)) for p in range(8)}
+    assert all(rate == pytest.approx(1e-3 * 8 ** 0.5, rel=1e-5) for rate in sm.last_report.learning_rates[0].values())
+    assert int(sm.model.optimizer.iterations) == steps // 2  # the user's optimizer took the head's steps
 
 
 def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):

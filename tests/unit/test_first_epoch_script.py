@@ -33,13 +33,15 @@ def _tiny():
 @pytest.fixture
 def seen(monkeypatch):
     """Replace simulate_fit with a recorder of what it is given and of the first pass's rates at that moment."""
+    import elephant.fit.head as head
     import elephant.optimizers as optimizers
     import elephant.optimizers.local as local
 
     calls = []
 
     def fake(model, x, y, *, epochs, **kwargs):
-        calls.append({"x": x, "epochs": epochs, "rates": local.ramped_rates(1.0, 4.0, 300), **kwargs})
+        calls.append({"x": x, "epochs": epochs, "rates": local.ramped_rates(1.0, 4.0, 300),
+                      "head_steps": head.HEAD_STEPS, **kwargs})
         if kwargs.get("seed") == 99:
             raise RuntimeError("a failed fit")
         return types.SimpleNamespace(history={"val_accuracy": [0.5] * epochs})
@@ -62,6 +64,7 @@ def test_the_rest_of_the_epoch_is_every_sample_the_head_did_not_train(seen):
 
 
 def test_noramp_trains_the_whole_pass_at_the_full_factor_and_puts_the_ramp_back(seen):
+    import elephant.fit.head as fit_head
     import elephant.optimizers.local as local
 
     ramp = local.ramped_rates
@@ -70,9 +73,10 @@ def test_noramp_trains_the_whole_pass_at_the_full_factor_and_puts_the_ramp_back(
     noramp, ramped = seen
     assert noramp["rates"] == [4.0] * 300 and noramp["mode"] == "asynchronous"
     assert ramped["rates"][0] == 1.0 and ramped["rates"][-1] == 4.0
+    assert noramp["head_steps"] == ramped["head_steps"] == 0  # the rest's fit: no head of the defaults' own
     with pytest.raises(RuntimeError, match="a failed fit"):
         first_epoch.first_epoch(_tiny(), 99, 16, head=2, variant="sync-noramp")
-    assert local.ramped_rates is ramp
+    assert local.ramped_rates is ramp and fit_head.HEAD_STEPS == 128
 
 
 def test_full_trains_the_workloads_epochs_over_every_sample_after_the_head(seen):

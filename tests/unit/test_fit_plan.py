@@ -287,7 +287,7 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
         assert f"at {workers} workers" in found[0] and "20 to 30 points behind" in found[0]
         assert "mode='synchronous'" in found[0]
     elif warned and workers > 4:
-        assert plan.learning_rate_warmup and f"at sqrt({workers}) times its rate" in found[0]
+        assert plan.head_steps and f"at sqrt({workers}) times its rate" in found[0]
         assert (plan.warmup_window is None) == ("frequency" in settings)  # the user's window is every epoch's
         quoted = "2.7 to 9.4" if plan.warmup_window is not None else "2.5 to 12.2"  # with the warm-up's windows
         assert f"Spark (8 workers, 3 seeds) {quoted} points behind" in found[0] and "mode='synchronous'" in found[0]
@@ -313,11 +313,11 @@ def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behi
                                              (64, 1)])
 def test_the_first_epochs_ramp_commits_in_shorter_windows_beyond_four_workers(mode, workers, warmup):
     plan = plan_fit(Settings(mode=mode), _adam_model(), workers, 64, samples=200 * 64)
-    assert plan.learning_rate_warmup == (workers > 4)
+    assert plan.head_steps == (100 if workers > 4 else 0) and not plan.learning_rate_warmup  # half the epoch's steps
     assert plan.warmup_window == warmup
     if warmup is not None:
         assert plan.warmup_window < plan.window
-        assert f"window={plan.window} ({warmup} while the first epoch ramps" in plan.describe()
+        assert f"window={plan.window} ({warmup} in the workers' first 128 steps of the first epoch)" in plan.describe()
         assert plan.as_dict()["warmup_window"] == warmup
     again = plan.rechecked([{"steps": 200, "commits": 50, "seconds": 2.0, "setup_seconds": 0.0, "comm_seconds": 0.5}])
     assert again.warmup_window == plan.warmup_window  # the first epoch's, whatever the later windows

@@ -15,6 +15,7 @@ from elephant import optimizers as O  # noqa: E402
 from elephant import worker  # noqa: E402
 from elephant.config import Settings  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402
+from elephant.fit import head  # noqa: E402
 from elephant.fit.loop import settable_learning_rate  # noqa: E402
 from elephant.fit.plan import ROUND_STEPS, plan_fit  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
@@ -95,11 +96,13 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     plan = plan_fit(Settings(mode=mode, batch_split=split), model, workers, 64, samples=10_000)
     if scale is None:  # beyond 4 workers: ramped in both modes (the asynchronous one in the round's windows)
         scale = 4.0
-    warmup = scale > 2.0
+    warmup = scale > 2.0  # beyond 4 workers: a head of the first epoch's steps on the driver instead of the ramp
     assert plan.learning_rate_scale == pytest.approx(scale)
     assert plan.as_dict()["learning_rate_scale"] == pytest.approx(scale)
-    assert plan.learning_rate_warmup is plan.as_dict()["learning_rate_warmup"] is warmup
+    assert plan.learning_rate_warmup is plan.as_dict()["learning_rate_warmup"] is False
+    assert plan.head_steps == plan.as_dict()["head_steps"] == (78 if warmup else 0)  # half of 157 steps
     assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == warmup
+    assert ("the driver trains the first 78 steps of the first epoch" in plan.describe()) == warmup
     assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
 
@@ -115,9 +118,11 @@ def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with
     plan = plan_fit(Settings(mode="asynchronous", frequency=frequency), model, 8, 64, samples=samples)
     assert (plan.window == ROUND_STEPS // 8) == windowed and (plan.window is None) != windowed
     assert plan.learning_rate_scale == pytest.approx(8 ** 0.5 if windowed else 1.0)
-    assert plan.learning_rate_warmup is windowed
+    assert plan.head_steps == (min(128, -(-samples // 64) // 2) if windowed else 0) and not plan.learning_rate_warmup
     assert plan.rule.outer.momentum == (0.0 if windowed else None)  # one commit per pass: block momentum 1 - 1/K
     assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == windowed
+    hosted = plan_fit(Settings(mode="asynchronous", frequency=frequency), model, 8, 64, samples=samples, hosted=True)
+    assert hosted.learning_rate_warmup is windowed and hosted.head_steps == 0  # a server in the tasks: the ramp
 
 
 def test_a_compressed_default_scales_as_its_inner_rule():
@@ -266,7 +271,8 @@ def test_a_first_epochs_task_ramps_the_factor_over_its_pass(monkeypatch):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)  # a one-step pass trains at the compiled rate
 
 
-def test_the_simulator_ramps_the_factor_in_the_first_epoch_only(monkeypatch):
+def test_without_a_head_the_simulator_ramps_the_factor_in_the_first_epoch_only(monkeypatch):
+    monkeypatch.setattr(head, "HEAD_STEPS", 0)  # as a plan without a head (a server in the tasks) ramps
     seen = []
     set_rate = backends.Stepper.set_learning_rate
     monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (seen.append(round(rate, 9)),

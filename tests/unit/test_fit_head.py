@@ -1,0 +1,141 @@
+"""The head of the first epoch: its first steps trained on the driver on the global batch (elephant.fit.head)."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
+
+from elephant import backends, worker  # noqa: E402
+from elephant import optimizers as O  # noqa: E402
+from elephant.config import Settings  # noqa: E402
+from elephant.fit import head as H  # noqa: E402
+from elephant.fit import simulated  # noqa: E402
+from elephant.fit.plan import plan_fit  # noqa: E402
+from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
+from elephant.ps.store import Store  # noqa: E402
+from tests.unit.test_worker_loop import RecordingClient  # noqa: E402
+
+
+def _model(seed=0, optimizer=None):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    m.compile(optimizer or keras.optimizers.Adam(1e-2), "mse")
+    return m
+
+
+def _data(n, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype("float32")
+    return x, (x @ np.array([[2.0, -1.0], [0.5, 1.0], [-1.5, 0.3]], "float32")).astype("float32")
+
+
+def _task(run, **given):
+    """A first-epoch task after a head of 2 steps (batches of 4, windows of 2) and a client recording its commits."""
+    m = _model()
+    model_bytes = model_to_bytes(m)
+    client = RecordingClient(Store(m.get_weights(), O.Downpour(), "asynchronous", 4, run))
+    spec = worker.TaskSpec(run=run, epoch=0, model_bytes=model_bytes, fingerprint=fingerprint(model_bytes),
+                           optimizer=O.Downpour(), window=2, batch_size=4, mode="asynchronous", ps_url="in-process",
+                           token="t", read_timeout=5.0, skip_steps=2, **given)
+    return spec, client
+
+
+@pytest.mark.parametrize("samples, batch, steps", [
+    (None, 64, 0), (0, 64, 0), (64, 64, 0),            # an epoch of one step, or unknown: no head
+    (100, 64, 1), (200 * 64, 64, 100), (201 * 64, 64, 100),  # half the epoch's steps
+    (10_000, 64, 78), (1_000_000, 64, H.HEAD_STEPS),        # at most HEAD_STEPS
+])
+def test_the_head_is_at_most_half_the_epoch_and_head_steps(samples, batch, steps):
+    assert H.head_steps(samples, batch) == steps
+
+
+@pytest.mark.parametrize("workers, local, hosted, head, ramp", [
+    (8, keras.optimizers.Adam, False, 78, False),   # beyond 4 workers, an adaptive optimizer: the head, no ramp
+    (16, keras.optimizers.RMSprop, False, 78, False),
+    (8, keras.optimizers.Adam, True, 0, True),      # a server in the tasks (Spark Connect): the ramp
+    (4, keras.optimizers.Adam, False, 0, False),    # sqrt(4) = 2, scaled from the first step: neither
+    (8, keras.optimizers.SGD, False, 0, False),     # SGD trains at the compiled rate: neither
+])
+def test_the_plan_has_a_head_where_the_factor_would_ramp(workers, local, hosted, head, ramp):
+    plan = plan_fit(Settings(), _model(optimizer=local(1e-3)), workers, 64, samples=10_000, hosted=hosted)
+    assert (plan.head_steps, plan.learning_rate_warmup) == (head, ramp)
+    assert plan.as_dict()["head_steps"] == head
+    assert (f"the driver trains the first {head} steps of the first epoch" in plan.describe()) == bool(head)
+
+
+def test_global_batches_join_each_partitions_batch_of_the_step_in_partition_order():
+    a = (np.arange(10).reshape(5, 2), np.arange(5), np.ones(5))
+    b = (np.arange(100, 106).reshape(3, 2), np.arange(100, 103), np.full(3, 2.0))
+    batches = list(H.global_batches([a, b], steps=4, batch_size=2))
+    assert [list(y) for _, y, _ in batches] == [[0, 1, 100, 101], [2, 3, 102], [4]]  # step 4: no rows left
+    assert batches[1][2].tolist() == [1.0, 1.0, 2.0]  # the weights follow their rows
+    assert batches[0][0].tolist() == [[0, 1], [2, 3], [100, 101], [102, 103]]
+
+
+def test_the_head_trains_what_plain_keras_trains_on_the_global_batches():
+    x, y = _data(48)
+    parts = [(x[:24], y[:24]), (x[24:], y[24:])]  # two partitions, batches of 4 each: global batches of 8
+    head, plain = _model(), _model()
+    assert H.train_head(head, parts, steps=3, batch_size=4) == 3
+    order = np.concatenate([np.r_[4 * i: 4 * i + 4, 24 + 4 * i: 28 + 4 * i] for i in range(3)])
+    plain.fit(x[order], y[order], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(head.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(head.optimizer.iterations) == 3  # the workers start from this optimizer state (in the archive)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_task_trains_the_rows_the_head_left_of_its_pass(shuffle, monkeypatch):
+    """The head's rows of a partition (partition_head) and the rows its task trains after skip_steps are the
+    pass's order, split: disjoint, together all of it, and the task's steps and commits count only its own."""
+    x, y = _data(22)
+    block = (x, y)
+    rows = H.partition_head("key" if shuffle else None, 0, 2, 4)(3, iter([block]))
+    assert [p for p, _ in rows] == [3]
+    order = worker.pass_order("key" if shuffle else None, 0, 3, 22)
+    np.testing.assert_array_equal(rows[0][1][0], x[order[:8]])
+    trained = []
+    step = backends.Stepper.step
+    monkeypatch.setattr(backends.Stepper, "step", lambda self, batch: (trained.append(np.array(batch[0])),
+                                                                       step(self, batch))[1])
+    spec, client = _task("head", shuffle=shuffle, shuffle_key="key")
+    (stats,) = worker.run_partition(spec, 3, 1, [block], client)
+    np.testing.assert_array_equal(np.concatenate(trained), x[order[8:]])
+    assert stats["steps"] == 4 and [c[1:] for c in client.commits] == [(2, 8), (2, 6)]  # 14 rows, batches of 4
+    assert stats["weight_sum"] == 14
+    later = dataclasses.replace(spec, epoch=1, skip_steps=0)
+    assert (worker.pass_rows(later, 3, 22) is None) == (not shuffle)  # later epochs: every row
+
+
+def test_a_task_whose_rows_the_head_took_all_trains_nothing_and_finishes():
+    x, y = _data(6)
+    spec, client = _task("all")
+    (stats,) = worker.run_partition(spec, 0, 1, [(x, y)], client)
+    assert stats["steps"] == 0 and stats["samples"] == 6 and client.commits == []
+    assert client.finished == [("all", 0, 0, 1)]
+
+
+def test_the_simulator_trains_the_head_then_the_workers_at_the_factor_from_their_first_step(monkeypatch):
+    x, y = _data(512)
+    heads, rates, steps = [], [], []
+    train_head = simulated.train_head
+    monkeypatch.setattr(simulated, "train_head", lambda model, parts, n, batch: (
+        heads.append(([len(p[0]) for p in parts], n, batch)), train_head(model, parts, n, batch))[1])
+    set_rate = backends.Stepper.set_learning_rate
+    monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (rates.append(rate),
+                                                                                    set_rate(self, rate)))
+    step = backends.Stepper.step
+    monkeypatch.setattr(backends.Stepper, "step", lambda self, batch: (steps.append(len(batch[0])),
+                                                                       step(self, batch))[1])
+    m = _model(optimizer=keras.optimizers.Adam(1e-3))
+    fit = O.simulate_fit(m, x, y, epochs=2, batch_size=64, num_workers=16, mode="synchronous")
+    # 8 global steps an epoch: a head of 4 on the driver, 4 rows (one batch) of each of 16 shards of 32 per step
+    assert heads == [([16] * 16, 4, 4)]
+    assert rates == []  # no ramp: every replica trains at sqrt(16) times the rate from its first step
+    assert len(steps) == 16 * 4 + 16 * 8 and set(steps) == {4}  # the first epoch's other half, then a whole one
+    assert fit.history["updates"] == [2.0, 1.0]  # the warm-up's windows of 2 while the first 128 steps last
+    assert int(m.optimizer.iterations) == 4  # the user's model: the head's steps
