@@ -254,7 +254,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 skip_steps=head if epoch == initial_epoch else 0,
                 local_moment=plan.local_moment, **sharded,
             )
-            progress = LiveProgress(cbks._progbar, store, steps, samples).start()
+            head_samples = spec.skip_steps * args.batch_size  # trained by the driver's head, before the job
+            progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples).start()
             if validate is not None and validates_after(epoch, args.validation_freq):
                 validate.warm_up()  # the first pass's set-up, while the driver waits for the job
             try:

@@ -57,11 +57,13 @@ class LiveProgress:
     as Keras' steps of the global batch (``steps`` per epoch for ``samples``
     samples), never the last one: :meth:`stop`, then the epoch's end, finish the
     line with the epoch's logs, as ``model.fit`` does. Only ``verbose=1`` shows it.
+    ``done``: samples of the epoch trained before its job (the driver's head,
+    :mod:`elephant.fit.head`), counted from the start.
     """
 
-    def __init__(self, progbar, store, steps: int, samples: int, interval: float = 0.5):
+    def __init__(self, progbar, store, steps: int, samples: int, interval: float = 0.5, done: int = 0):
         self._progbar, self._store, self._steps, self._samples = progbar, store, steps, max(samples, 1)
-        self._interval = interval
+        self._interval, self._done_before = interval, done
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,7 +77,7 @@ class LiveProgress:
     def _run(self) -> None:
         shown = 0
         while not self._done.wait(self._interval):
-            trained = self._store.samples_applied - self._start_samples
+            trained = self._store.samples_applied - self._start_samples + self._done_before
             step = min(self._steps - 1, trained * self._steps // self._samples)
             if step > shown:
                 self._progbar.on_train_batch_end(step - 1)  # the step count, one-indexed by Keras

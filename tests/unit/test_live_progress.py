@@ -34,6 +34,16 @@ def test_the_bar_advances_with_the_samples_applied_and_never_reaches_the_end_by_
     assert bar.steps == sorted(set(bar.steps))
 
 
+def test_the_bar_counts_the_samples_trained_before_the_epochs_job():
+    store, bar = _Store(), _Progbar()
+    progress = LiveProgress(bar, store, steps=10, samples=320, interval=0.01, done=128).start()
+    time.sleep(0.08)
+    store.samples_applied = 1000 + 64  # the driver's head trained 128 samples, the workers 64 since
+    time.sleep(0.08)
+    progress.stop()
+    assert bar.steps == [4, 6]
+
+
 def test_no_live_bar_for_verbose_2_or_without_a_progbar():
     store, bar = _Store(), _Progbar()
     bar.verbose = 2
