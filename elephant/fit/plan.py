@@ -256,7 +256,8 @@ TWO_EPOCHS_HELD_WORKERS = 8
 
 
 def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers: int,
-                         window: int | None, epochs: int | None = None, warmup_window: int | None = None) -> str | None:
+                         window: int | None, epochs: int | None = None, warmup_window: int | None = None,
+                         head: bool = False) -> str | None:
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
     Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
@@ -264,7 +265,9 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     of 32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone). With the rate
     scaled the misses measured are those of the first epoch at 5 to 8 workers (the second ended within the target
     on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned. A fit whose first
-    epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them.
+    epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them,
+    and one whose driver trains the first epoch's first steps (``head``: ``FitPlan.head_steps``) what was measured
+    with that.
     """
     if rule.name != "delayednesterov" or not adaptive or num_workers < 4 or window is None:
         return None
@@ -273,6 +276,16 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     behind = 1 if MAX_SCALED_WORKERS < num_workers <= TWO_EPOCHS_HELD_WORKERS else 2  # the epochs measured behind
     if scaled and epochs is not None and epochs > behind:
         return None
+    if scaled and ramped and head:
+        return (
+            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
+            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
+            "seeds, the driver training the first epoch's first steps) 0.1 to 8.3 points behind plain Keras after a "
+            "first epoch on a GRU trained with Adam and up to 0.7 on a Conv2D trained with RMSprop (the synchronous "
+            "default up to 3.5 and 1.0), and level or above after the second. For one-epoch fits (two beyond 8 "
+            "workers, where the second was not measured) prefer mode='synchronous', or check the first epochs "
+            "against a short plain Keras run."
+        )
     if scaled and ramped:
         measured = ("2.7 to 9.4 points behind plain Keras after a first epoch on a GRU trained with Adam and up to "
                     "2.8 on a Conv2D trained with RMSprop, committing in windows of 4 steps while the first epoch "
@@ -391,7 +404,8 @@ class FitPlan:
                  overlap_warning(self.overlap, mode, self.window, self.num_workers),
                  block_momentum_warning(self.rule, self.adaptive, self.num_workers, self.window)
                  if mode == "synchronous" else async_window_warning(self.rule, self.adaptive, self.num_workers,
-                                                                    self.window, epochs, self.warmup_window)]
+                                                                    self.window, epochs, self.warmup_window,
+                                                                    self.head_steps > 0)]
         return [w for w in found if w]
 
     def describe(self) -> str:
