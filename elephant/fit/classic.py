@@ -134,9 +134,9 @@ class ClassicRun:
         """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: one job over
         the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``."""
         with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"):
-            rows = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size))
-            found = collect_checked(rows.collect)
-        return [rows for _, rows in sorted(found, key=lambda item: item[0])]
+            heads = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size))
+            found = collect_checked(heads.collect)
+        return [part for _, part in sorted(found, key=lambda item: item[0])]
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Broadcast the model and start the servers: ``(the tasks' model_bytes, the servers' urls)``.

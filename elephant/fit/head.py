@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HEAD_STEPS", "head_steps", "head_rows", "partition_head", "global_batches", "train_head"]
 
-#: The most steps of the first epoch the driver trains (measured at 16 workers: 128 steps took the synchronous
-#: default's first epoch from 3.6 to 1.1 points behind plain Keras on a GRU, 32 steps and 8 steps did less).
+#: The most steps of the first epoch the driver trains (benchmarks/first_epoch.py at 16 workers: 128 plain steps took
+#: the synchronous default's first epoch from 3.6 to 1.1 points behind plain Keras on a GRU, 32 and 8 did less).
 HEAD_STEPS = 128
 
 
@@ -52,10 +52,14 @@ def head_steps(samples: int | None, batch_size: int) -> int:
     return min(HEAD_STEPS, math.ceil(samples / batch_size) // 2)
 
 
+def _take(block: tuple, rows) -> tuple:
+    """Rows ``rows`` (a slice or an index array) of every array of a block (its ``y`` may be None)."""
+    return tuple(None if part is None else D.take(part, rows) for part in block)
+
+
 def head_rows(block: tuple, order: np.ndarray, steps: int, batch_size: int) -> tuple:
     """The rows of ``block`` that its partition's first ``steps`` batches of ``batch_size`` hold, in ``order``."""
-    rows = order[: steps * batch_size]
-    return tuple(None if part is None else D.take(part, rows) for part in block)
+    return _take(block, order[: steps * batch_size])
 
 
 def partition_head(key: str | None, epoch: int, steps: int, batch_size: int):
@@ -77,8 +81,7 @@ def global_batches(parts: Sequence[tuple], steps: int, batch_size: int) -> Itera
     parts' order (a part with fewer rows gives fewer, or none); steps where no part has rows are left out."""
     for i in range(steps):
         rows = slice(i * batch_size, (i + 1) * batch_size)
-        batch = [tuple(None if part is None else D.take(part, rows) for part in block) for block in parts]
-        merged = next(D.concat_blocks(batch), None)
+        merged = next(D.concat_blocks([_take(block, rows) for block in parts]), None)
         if merged is not None:
             yield merged
 
