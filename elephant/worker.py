@@ -337,12 +337,10 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
     partitions, so the pass drives Keras' compiled train function directly
     through the window's :class:`~elephant.backends.Stepper`: one step per
     batch, metrics accumulated as in ``fit`` (reset once per pass), each at
-    its entry of ``rates`` when given (:func:`pass_rates`). The caller
-    syncs the stepper's state back into ``model`` after the pass's last commit.
+    its entry of ``rates`` when given (:func:`pass_rates`), over the block's rows in
+    the order given (:func:`pass_rows`). The caller syncs the stepper's state back
+    into ``model`` after the pass's last commit.
     """
-    order = pass_rows(spec, window.partition, D.num_samples(x))
-    if order is not None:  # seeded: a retried task replays the samples of the attempt it replaces, in order
-        x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     n = D.num_samples(x)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}
@@ -358,10 +356,6 @@ def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
         if window.diverged_at is not None:
             break
     return {k: float(v) for k, v in logs.items()}
-
-
-def _weight_sum(w: np.ndarray, rows: np.ndarray | None) -> float:
-    return float(np.sum(w if rows is None else D.take(w, rows)))
 
 
 def run_partition(
@@ -390,11 +384,14 @@ def run_partition(
     block = next(D.concat_blocks(blocks), None)
     n = 0 if block is None else D.num_samples(block[0])
     base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0, "device": device}
-    trained = n - min(n, spec.skip_steps * spec.batch_size)  # the rows after the driver's head
+    order = pass_rows(spec, partition, n) if n else None
+    trained = n if order is None else len(order)  # the rows after the driver's head
     if trained == 0:
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
     x, y, w = D.unpack(block)
+    if order is not None:  # seeded: a retried task replays the samples of the attempt it replaces, in order
+        x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
     rates = pass_rates(spec, trained)
@@ -419,7 +416,7 @@ def run_partition(
             optimizer_state=optimizer_state,
             learning_rate=rate,
             logs=logs,
-            weight_sum=trained if w is None else _weight_sum(w, pass_rows(spec, partition, n)),
+            weight_sum=trained if w is None else float(np.sum(w)),
             weighted_keys=weighted_metric_keys(model),
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,
