@@ -17,7 +17,7 @@ once, and start from the head's weights and optimizer state (the model archive
 is made after the head), at the plan's full factor from their first step: the
 head replaces the ramp of that factor.
 
-The head is :data:`HEAD_STEPS` steps at most and half the epoch's steps at most
+The head is :data:`HEAD_STEPS` steps at most and half of a worker's pass at most
 (a short epoch keeps most of its steps on the workers); it costs the driver those
 steps of plain training, and the fit one more Spark job over the cached
 training data (:func:`gather_head`).
@@ -44,12 +44,14 @@ __all__ = ["HEAD_STEPS", "head_steps", "head_rows", "partition_head", "global_ba
 HEAD_STEPS = 128
 
 
-def head_steps(samples: int | None, batch_size: int) -> int:
-    """The head's steps for a fit of ``samples`` samples in global batches of ``batch_size``: at most
-    :data:`HEAD_STEPS`, and at most half the epoch's steps (0 for an epoch of one step, or unknown samples)."""
-    if not samples:
-        return 0
-    return min(HEAD_STEPS, math.ceil(samples / batch_size) // 2)
+def head_steps(pass_steps: int | None) -> int:
+    """The head's steps for a fit whose workers train ``pass_steps`` local steps in a pass over their partition: at
+    most :data:`HEAD_STEPS`, and at most half of them (0 for a pass of one step, or an unknown one).
+
+    Step ``i`` of the head trains every partition's ``i``-th batch, so it is bounded by the workers' passes, not by
+    the global batch's steps: where the batch is split among more workers than it has samples, each worker's batch
+    is one sample and its pass has fewer steps than the epoch has global batches."""
+    return min(HEAD_STEPS, pass_steps // 2) if pass_steps else 0
 
 
 def _take(block: tuple, rows) -> tuple:
@@ -76,23 +78,37 @@ def partition_head(key: str | None, epoch: int, steps: int, batch_size: int):
     return rows
 
 
-def global_batches(parts: Sequence[tuple], steps: int, batch_size: int) -> Iterator[tuple]:
-    """The head's global batches: step ``i``'s is every part's ``i``-th batch of ``batch_size`` rows joined in the
-    parts' order (a part with fewer rows gives fewer, or none); steps where no part has rows are left out."""
-    for i in range(steps):
-        rows = slice(i * batch_size, (i + 1) * batch_size)
-        merged = next(D.concat_blocks([_take(block, rows) for block in parts]), None)
-        if merged is not None:
-            yield merged
+def global_batches(parts: Sequence[tuple], steps: int, batch_size: int,
+                   global_batch: int | None = None) -> Iterator[tuple]:
+    """The head's global batches: the rows of every part's ``i``-th batch of ``batch_size`` rows joined in the parts'
+    order, for ``i`` in ``range(steps)`` (a part with fewer rows gives fewer, or none), cut into batches of
+    ``global_batch`` rows (None: one batch per ``i``; the last batch may be short).
+
+    Where the user's batch splits evenly among the workers the two are the same batches. Where it does not, a
+    worker's batch is rounded up (``ceil(B/K)``, one sample where ``K > B``) and the ``K`` workers' batches of a
+    step hold more than ``B`` rows: cut at ``global_batch = B``, the head trains those rows in plain Keras' batches,
+    as many steps as plain Keras takes over them."""
+    joined = (next(D.concat_blocks([_take(block, slice(i * batch_size, (i + 1) * batch_size)) for block in parts]),
+                   None) for i in range(steps))
+    joined = (block for block in joined if block is not None)
+    if global_batch is None:
+        yield from joined
+        return
+    rows = next(D.concat_blocks(list(joined)), None)
+    if rows is None:
+        return
+    for start in range(0, D.num_samples(rows[0]), global_batch):
+        yield _take(rows, slice(start, start + global_batch))
 
 
-def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int) -> int:
+def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int, global_batch: int | None = None) -> int:
     """Train the compiled ``model`` with its own optimizer on the head's global batches (:func:`global_batches` of
-    each partition's head rows, ``batch_size`` the workers' batch); returns the steps trained."""
+    each partition's head rows, ``batch_size`` the workers' batch, ``global_batch`` the user's); returns the steps
+    trained."""
     parts = [p for p in parts if p and D.num_samples(p[0]) > 0]
     t0 = time.perf_counter()
     trained = 0
-    for batch in global_batches(parts, steps, batch_size):
+    for batch in global_batches(parts, steps, batch_size, global_batch):
         x, y, w = D.unpack(batch)
         model.train_on_batch(x, y, sample_weight=w)
         trained += 1

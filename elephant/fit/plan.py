@@ -346,8 +346,9 @@ class FitPlan:
         warmup_window: the local steps per commit in the workers' first steps of the fit's
             first epoch, where it ramps their rate up or follows a head (None: ``window``
             throughout): a decided window under the warm-up's round bound (:data:`WARMUP_ROUND_STEPS`).
-        head_steps: the first steps of the fit's first epoch that the driver trains with the
-            compiled optimizer on the global batch (:mod:`elephant.fit.head`), the workers
+        head_steps: the workers' first steps of the fit's first epoch whose rows the driver
+            trains with the compiled optimizer on the global batch (:mod:`elephant.fit.head`;
+            in the user's batches, more steps where a worker's batch is rounded up), the workers
             then at the full factor from their first step; 0: none. Planned where the factor
             would otherwise ramp up, for a fit whose server the driver hosts.
     """
@@ -424,8 +425,8 @@ class FitPlan:
         warmup = ("" if self.warmup_window is None else
                   f" ({self.warmup_window} in the workers' first {RAMP_STEPS} steps of the first epoch)")
         head = ("" if not self.head_steps else
-                f"; the driver trains the first {self.head_steps} steps of the first epoch with the compiled "
-                "optimizer on the global batch, the workers the rest of it at the full factor")
+                f"; the driver trains the rows of the workers' first {self.head_steps} steps of the first epoch "
+                "with the compiled optimizer on the global batch, the workers the rest of it at the full factor")
         return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
                 f"window={self.window}{warmup}{head}; {batches}; {flights}")
 
@@ -490,7 +491,8 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
     rule = settings.optimizer.for_fit(model.optimizer, num_workers, split, window)
     warmup = rule.local_rate_warmup(model.optimizer, num_workers, split)
-    head = head_steps(samples, batch_size) if warmup and not hosted else 0  # replaces the ramp where it can
+    # the head replaces the ramp where the driver hosts the server and the batch splits into a sample or more a worker
+    head = head_steps(steps_per_pass) if warmup and not hosted and num_workers <= batch_size else 0
     return FitPlan(
         num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
         splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,

@@ -44,27 +44,26 @@ def _task(run, **given):
     return spec, client
 
 
-@pytest.mark.parametrize("samples, batch, steps", [
-    (None, 64, 0), (0, 64, 0), (64, 64, 0),            # an epoch of one step, or unknown: no head
-    (100, 64, 1), (200 * 64, 64, 100), (201 * 64, 64, 100),  # half the epoch's steps
-    (10_000, 64, 78), (1_000_000, 64, H.HEAD_STEPS),        # at most HEAD_STEPS
+@pytest.mark.parametrize("pass_steps, steps", [
+    (None, 0), (0, 0), (1, 0),                  # a pass of one step, or unknown: no head
+    (2, 1), (200, 100), (201, 100),             # half the pass
+    (157, 78), (15_625, H.HEAD_STEPS),          # at most HEAD_STEPS
 ])
-def test_the_head_is_at_most_half_the_epoch_and_head_steps(samples, batch, steps):
-    assert H.head_steps(samples, batch) == steps
+def test_the_head_is_at_most_half_a_workers_pass_and_head_steps(pass_steps, steps):
+    assert H.head_steps(pass_steps) == steps
 
 
-@pytest.mark.parametrize("workers, local, hosted, head, ramp", [
-    (8, keras.optimizers.Adam, False, 78, False),   # beyond 4 workers, an adaptive optimizer: the head, no ramp
-    (16, keras.optimizers.RMSprop, False, 78, False),
-    (8, keras.optimizers.Adam, True, 0, True),      # a server in the tasks (Spark Connect): the ramp
-    (4, keras.optimizers.Adam, False, 0, False),    # sqrt(4) = 2, scaled from the first step: neither
-    (8, keras.optimizers.SGD, False, 0, False),     # SGD trains at the compiled rate: neither
+@pytest.mark.parametrize("workers, batch, samples, head", [
+    (8, 64, 200 * 64, 100),    # the batch split evenly: a pass has the epoch's steps
+    (24, 64, 200 * 64, 89),    # batches of ceil(64/24) = 3: passes of 178 steps
+    (64, 64, 3_200, 25),       # batches of one sample: passes of 50 steps
+    (64, 32, 3_200, 0),        # more workers than the batch has samples: no head, the ramp
 ])
-def test_the_plan_has_a_head_where_the_factor_would_ramp(workers, local, hosted, head, ramp):
-    plan = plan_fit(Settings(), _model(optimizer=local(1e-3)), workers, 64, samples=10_000, hosted=hosted)
-    assert (plan.head_steps, plan.learning_rate_warmup) == (head, ramp)
-    assert plan.as_dict()["head_steps"] == head
-    assert (f"the driver trains the first {head} steps of the first epoch" in plan.describe()) == bool(head)
+def test_the_plans_head_is_half_a_workers_pass_and_none_where_the_batch_splits_below_a_sample(workers, batch,
+                                                                                               samples, head):
+    plan = plan_fit(Settings(mode="synchronous"), _model(), workers, batch, samples=samples)
+    assert (plan.head_steps, plan.learning_rate_warmup) == (head, not head)
+    assert plan.head_steps * plan.worker_batch_size * workers <= samples / 2 + workers  # the workers train the rest
 
 
 def test_global_batches_join_each_partitions_batch_of_the_step_in_partition_order():
@@ -74,6 +73,25 @@ def test_global_batches_join_each_partitions_batch_of_the_step_in_partition_orde
     assert [list(y) for _, y, _ in batches] == [[0, 1, 100, 101], [2, 3, 102], [4]]  # step 4: no rows left
     assert batches[1][2].tolist() == [1.0, 1.0, 2.0]  # the weights follow their rows
     assert batches[0][0].tolist() == [[0, 1], [2, 3], [100, 101], [102, 103]]
+
+
+def test_global_batches_are_cut_at_the_users_batch_where_the_workers_batches_hold_more():
+    a = (np.arange(10).reshape(5, 2), np.arange(5), np.ones(5))
+    b = (np.arange(100, 106).reshape(3, 2), np.arange(100, 103), np.full(3, 2.0))
+    batches = list(H.global_batches([a, b], steps=4, batch_size=2, global_batch=3))
+    assert [list(y) for _, y, _ in batches] == [[0, 1, 100], [101, 2, 3], [102, 4]]  # the steps' rows, in order
+    assert batches[1][2].tolist() == [2.0, 1.0, 1.0]
+
+
+def test_the_head_of_more_workers_than_the_batch_has_samples_trains_plain_keras_batches():
+    x, y = _data(24)
+    parts = [(x[6 * k: 6 * k + 6], y[6 * k: 6 * k + 6]) for k in range(4)]  # 4 workers, a batch of 2: one row each
+    head, plain = _model(), _model()
+    assert H.train_head(head, parts, steps=3, batch_size=1, global_batch=2) == 6  # 12 rows in batches of 2
+    order = np.array([6 * k + i for i in range(3) for k in range(4)])
+    plain.fit(x[order], y[order], batch_size=2, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(head.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_head_trains_what_plain_keras_trains_on_the_global_batches():
@@ -123,8 +141,9 @@ def test_the_simulator_trains_the_head_then_the_workers_at_the_factor_from_their
     x, y = _data(512)
     heads, rates, steps = [], [], []
     train_head = simulated.train_head
-    monkeypatch.setattr(simulated, "train_head", lambda model, parts, n, batch: (
-        heads.append(([len(p[0]) for p in parts], n, batch)), train_head(model, parts, n, batch))[1])
+    monkeypatch.setattr(simulated, "train_head", lambda model, parts, n, batch, global_batch: (
+        heads.append(([len(p[0]) for p in parts], n, batch, global_batch)),
+        train_head(model, parts, n, batch, global_batch))[1])
     set_rate = backends.Stepper.set_learning_rate
     monkeypatch.setattr(backends.Stepper, "set_learning_rate", lambda self, rate: (rates.append(rate),
                                                                                     set_rate(self, rate)))
@@ -134,7 +153,7 @@ def test_the_simulator_trains_the_head_then_the_workers_at_the_factor_from_their
     m = _model(optimizer=keras.optimizers.Adam(1e-3))
     fit = O.simulate_fit(m, x, y, epochs=2, batch_size=64, num_workers=16, mode="synchronous")
     # 8 global steps an epoch: a head of 4 on the driver, 4 rows (one batch) of each of 16 shards of 32 per step
-    assert heads == [([16] * 16, 4, 4)]
+    assert heads == [([16] * 16, 4, 4, 64)]
     assert rates == []  # no ramp: every replica trains at sqrt(16) times the rate from its first step
     assert len(steps) == 16 * 4 + 16 * 8 and set(steps) == {4}  # the first epoch's other half, then a whole one
     assert fit.history["updates"] == [2.0, 1.0]  # the warm-up's windows of 2 while the first 128 steps last

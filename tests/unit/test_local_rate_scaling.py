@@ -102,7 +102,7 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     assert plan.learning_rate_warmup is plan.as_dict()["learning_rate_warmup"] is False
     assert plan.head_steps == plan.as_dict()["head_steps"] == (78 if warmup else 0)  # half of 157 steps
     assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == warmup
-    assert ("the driver trains the first 78 steps of the first epoch" in plan.describe()) == warmup
+    assert ("the driver trains the rows of the workers' first 78 steps of the first epoch" in plan.describe()) == warmup
     assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
 
@@ -452,3 +452,49 @@ def test_the_simulator_trains_with_the_workers_decay_as_the_tasks_do(monkeypatch
     assert [moment for moment, _ in applied] == [O.local.LocalMoment("rho", 0.95, 0.9, False)] * 2
     assert all(float(local.rho) == pytest.approx(0.95) and local._rises_at_compiled_decay for _, local in applied)
     assert float(m.optimizer.rho) == pytest.approx(0.9) and not hasattr(m.optimizer, "_rises_at_compiled_decay")
+
+
+@pytest.mark.parametrize("local", [ADAM(1e-3), keras.optimizers.AdamW(1e-3), ADAM(1e-3, amsgrad=True)])
+def test_a_replica_of_a_model_that_took_steps_starts_from_its_corrected_magnitude(local):
+    """A task's replica built from the archive of a model whose Adam took t steps at beta_2 (the driver's head)
+    holds v summed at beta_2; at the workers' longer beta_2 it is restated, so that v/(1 − beta_2'^t) is the
+    v/(1 − beta_2^t) the optimizer had, and the workers' next step is about the one the compiled optimizer
+    would take (unrestated it would be about sqrt(15) times smaller after 128 steps at 16 workers)."""
+    rng = np.random.default_rng(3)
+    data = (rng.normal(size=(128 * 8, 3)).astype("float32"), rng.normal(size=(128 * 8, 2)).astype("float32"))
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(local, "mse")
+    m.fit(*data, batch_size=8, epochs=1, shuffle=False, verbose=0)  # 128 steps
+    t = int(m.optimizer.iterations)
+    held = [np.array(v) for v in m.optimizer._velocities]
+    moment = O.local.LocalMoment.for_workers(m.optimizer, 16)
+    spec = worker.TaskSpec(
+        run=f"restated-{type(local).__name__}-{local.amsgrad}", epoch=0, model_bytes=model_to_bytes(m),
+        fingerprint="f", optimizer=O.Downpour(), window=1, batch_size=8, mode="asynchronous", ps_url="in-process",
+        token="t", read_timeout=5.0, local_moment=moment)
+    from elephant.replicas import training_model
+
+    replica = training_model(spec)
+    assert int(replica.optimizer.iterations) == t == 128
+    for before, after in zip(held, replica.optimizer._velocities, strict=True):
+        np.testing.assert_allclose(np.array(after) / (1 - moment.decay ** t), before / (1 - 0.999 ** t), rtol=1e-4)
+    batch = (data[0][:8], data[1][:8])
+    compiled = keras.models.clone_model(m)
+    compiled.compile(type(local).from_config(local.get_config()), "mse")
+    compiled.optimizer.build(compiled.trainable_variables)
+    for source, target in zip(m.optimizer.variables, compiled.optimizer.variables, strict=True):
+        target.assign(source)
+    compiled.set_weights(m.get_weights())
+    replica.set_weights(m.get_weights())
+    start = [np.array(w) for w in m.get_weights()]
+    compiled.train_on_batch(*batch)
+    replica.train_on_batch(*batch)
+    for s, a, b in zip(start, compiled.get_weights(), replica.get_weights(), strict=True):
+        np.testing.assert_allclose(b - s, a - s, rtol=0.05, atol=1e-7)
+
+
+def test_a_fresh_optimizer_is_left_as_it_is_by_the_restatement():
+    optimizer = ADAM(1e-3)
+    O.local.restate_corrected_magnitude(optimizer, 0.9999, 0.999)  # not built, no steps: nothing to restate
+    assert not optimizer.built
