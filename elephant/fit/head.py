@@ -26,7 +26,6 @@ training data (:func:`gather_head`).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
