@@ -204,7 +204,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
         train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size), head,
-                   plan.worker_batch_size, args.batch_size if plan.splits_batch else None)
+                   plan.worker_batch_size, plan.head_batch_size)
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
     structure = "" if head else replica_structure(model, custom_objects)  # a shared replica keeps its own start

@@ -371,6 +371,12 @@ class FitPlan:
     head_steps: int = 0
 
     @property
+    def head_batch_size(self) -> int | None:
+        """The batch the head's rows are trained in (:func:`~elephant.fit.head.global_batches`): the user's, where
+        the workers split it; None (each step every worker's batch joined) where they do not."""
+        return self.batch_size if self.splits_batch else None
+
+    @property
     def ps_shards(self) -> int:
         """The parameter server's shards ``S`` (1: one store, the unsharded server)."""
         return 1 if self.shard_choice is None else self.shard_choice.shards

@@ -281,7 +281,7 @@ def simulate_fit(
     if head > 0:  # as the Spark fit's driver trains it (elephant.fit.head), before the archive
         train_head(model, [head_rows(shard, pass_order(key, 0, k, n), head, batch_size)
                            for k, (shard, n) in enumerate(zip(shards, sizes, strict=True))], head, batch_size,
-                   global_batch if plan.splits_batch else None)
+                   plan.head_batch_size)
     skips = [min(n, max(head, 0) * batch_size) for n in sizes]
     archive = model_to_bytes(model)
     rates = (plan.learning_rate_scale, plan.learning_rate_warmup, plan.local_moment)
