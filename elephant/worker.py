@@ -31,7 +31,7 @@ from elephant import data as D
 from elephant.backends import stepper
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.local import RAMP_STEPS, LocalMoment, inner_optimizer, step_rates
+from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, inner_optimizer, step_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
 
@@ -71,6 +71,7 @@ class TaskSpec:
     learning_rate_scale: float = 1.0  # the plan's factor on the compiled rate (FitPlan.learning_rate_scale)
     learning_rate_warmup: bool = False  # this pass ramps that factor up from 1 (the fit's first epoch)
     local_moment: LocalMoment | None = None  # the replicas' second-moment decay (FitPlan.local_moment; None: compiled)
+    local_momentum: LocalMomentum | None = None  # the replicas' first-moment decay (FitPlan.local_momentum)
     warmup_window: int | None = None  # commit every this many steps in the pass's first RAMP_STEPS (FitPlan's)
     skip_steps: int = 0  # the pass's first batches, which the driver's head trained (elephant.fit.head)
 

@@ -212,6 +212,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
         structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
     if structure and plan.local_moment is not None:  # a replica's optimizer traced with the workers' decay
         structure += f"; {plan.local_moment.name} {plan.local_moment.decay!r}"
+    if structure and plan.local_momentum is not None:
+        structure += f"; {plan.local_momentum.name} {plan.local_momentum.decay!r}"
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
         def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it
@@ -252,7 +254,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                 learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
                 warmup_window=plan.warmup_window if epoch == args.initial_epoch else None,  # set where the rate ramps
                 skip_steps=head if epoch == initial_epoch else 0,
-                local_moment=plan.local_moment, **sharded,
+                local_moment=plan.local_moment, local_momentum=plan.local_momentum, **sharded,
             )
             head_samples = spec.skip_steps * args.batch_size  # trained by the driver's head, before the job
             progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples).start()

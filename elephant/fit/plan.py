@@ -17,7 +17,7 @@ from elephant.config import Settings
 from elephant.fit.head import head_steps
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
-from elephant.optimizers.local import MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, adapts_step_size
+from elephant.optimizers.local import MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, LocalMomentum, adapts_step_size
 
 __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
            "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
@@ -280,8 +280,8 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
             "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
-            "seeds, the driver training the first epoch's first steps) up to 4.2 points behind plain Keras after a "
-            "first epoch on a GRU trained with Adam (4.2 ahead at another seed) and up to 0.7 on a Conv2D trained "
+            "seeds, the driver training the first epoch's first steps) up to 3.9 points behind plain Keras after a "
+            "first epoch on a GRU trained with Adam (3.5 ahead at another seed) and up to 0.7 on a Conv2D trained "
             "with RMSprop (the synchronous default up to 0.5 and 1.0), and level or above after the second. For "
             "one-epoch fits (two beyond 8 workers, where the second was not measured) prefer mode='synchronous', "
             "or check the first epochs against a short plain Keras run."
@@ -341,6 +341,8 @@ class FitPlan:
             factor up from 1 over its pass (``rule.local_rate_warmup``: a factor above 2).
         local_moment: the workers' second-moment decay (``rule.local_moment``: averaged
             over ``K`` times the steps where the rate is scaled), or None: as compiled.
+        local_momentum: the workers' running mean of the gradient (``rule.local_momentum``: younger by
+            the asynchronous commits' lag), or None: as compiled.
         hosted: whether the epochs' tasks serve the parameter server (``ps_placement``
             "executors", and every Spark Connect fit) rather than the driver.
         warmup_window: the local steps per commit in the workers' first steps of the fit's
@@ -367,6 +369,7 @@ class FitPlan:
     learning_rate_scale: float = 1.0
     learning_rate_warmup: bool = False
     local_moment: LocalMoment | None = None
+    local_momentum: LocalMomentum | None = None
     warmup_window: int | None = None
     head_steps: int = 0
 
@@ -389,6 +392,7 @@ class FitPlan:
                 "window_choice": None if self.window_choice is None else self.window_choice.as_dict(),
                 "learning_rate_scale": self.learning_rate_scale, "learning_rate_warmup": self.learning_rate_warmup,
                 "local_moment": None if self.local_moment is None else self.local_moment.as_dict(),
+                "local_momentum": None if self.local_momentum is None else self.local_momentum.as_dict(),
                 "warmup_window": self.warmup_window, "head_steps": self.head_steps,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
@@ -428,6 +432,9 @@ class FitPlan:
         if self.local_moment is not None:
             moment = (f"; the workers' optimizer trains with {self.local_moment.describe()} "
                       "(decay_scaling=False turns it off)")
+        if self.local_momentum is not None:
+            moment += (f"; the workers' optimizer trains with {self.local_momentum.describe()} "
+                       "(momentum_scaling=False turns it off)")
         warmup = ("" if self.warmup_window is None else
                   f" ({self.warmup_window} in the workers' first {RAMP_STEPS} steps of the first epoch)")
         head = ("" if not self.head_steps else
@@ -505,6 +512,7 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
         adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
         learning_rate_scale=rule.local_rate_scale(model.optimizer, num_workers, split),
         learning_rate_warmup=warmup and not head, local_moment=rule.local_moment(model.optimizer, num_workers, split),
+        local_momentum=rule.local_momentum(model.optimizer, num_workers, split, window),
         warmup_window=warmup_window(window, num_workers) if choice is not None and warmup and split else None,
         head_steps=head,
     )

@@ -41,7 +41,7 @@ from elephant.errors import ConfigError
 from elephant.fit.head import head_rows, train_head
 from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.local import RAMP_STEPS, LocalMoment, step_rates
+from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, step_rates
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import Trace, simulate
 from elephant.worker import pass_order, shuffle_key, train_at_rate
@@ -112,13 +112,15 @@ class _Engine:
     step.
     """
 
-    def __init__(self, model, rate_scale: float = 1.0, warmup: bool = False, moment: LocalMoment | None = None):
+    def __init__(self, model, rate_scale: float = 1.0, warmup: bool = False, moment: LocalMoment | None = None,
+                 momentum: LocalMomentum | None = None):
         from elephant.fit.loop import settable_learning_rate
 
         rate = settable_learning_rate(model.optimizer)
         train_at_rate(model.optimizer, rate, rate_scale)  # as every task does
-        if moment is not None:  # as a task's replica is built
-            moment.apply(model.optimizer)
+        for change in (moment, momentum):  # as a task's replica is built
+            if change is not None:
+                change.apply(model.optimizer)
         # what the first pass's rate at each step is made from (step_rates), as run_partition's; None: one rate
         self.rates = (rate, rate_scale) if warmup and rate_scale != 1.0 and rate is not None else None
         if not model.optimizer.built:  # as the first train step would, so the slots exist to swap
@@ -284,7 +286,7 @@ def simulate_fit(
                    plan.head_batch_size)
     skips = [min(n, max(head, 0) * batch_size) for n in sizes]
     archive = model_to_bytes(model)
-    rates = (plan.learning_rate_scale, plan.learning_rate_warmup, plan.local_moment)
+    rates = (plan.learning_rate_scale, plan.learning_rate_warmup, plan.local_moment, plan.local_momentum)
     engine = _Engine(model_from_bytes(archive, custom_objects), *rates) if share_model else None
     replicas = [
         _Replica(engine or _Engine(model_from_bytes(archive, custom_objects), *rates), sx, sy,

@@ -355,6 +355,13 @@ class DistributedOptimizer:
         defaults spread it over ``K`` times the steps where they scale the rate."""
         return None
 
+    def local_momentum(self, local: Any, num_workers: int, batch_split: bool, window: int | None) -> Any:
+        """How this rule's workers change their adaptive optimizer's running mean of the gradient in a fit that
+        commits every ``window`` steps (None: once per pass), as a
+        :class:`~elephant.optimizers.local.LocalMomentum`, or None (default): as compiled. The asynchronous
+        default shortens it by the lag of its windowed commits."""
+        return None
+
     def describe(self, num_workers: int) -> str:
         """One line for the fit-start log: the rule as it will run with ``num_workers`` workers.
 

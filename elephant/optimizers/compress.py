@@ -207,6 +207,12 @@ class Compressed(DistributedOptimizer):
     def local_rate_warmup(self, local, num_workers, batch_split):
         return self.inner.local_rate_warmup(local, num_workers, batch_split)
 
+    def local_moment(self, local, num_workers, batch_split):
+        return self.inner.local_moment(local, num_workers, batch_split)
+
+    def local_momentum(self, local, num_workers, batch_split, window):
+        return self.inner.local_momentum(local, num_workers, batch_split, window)
+
     def describe(self, num_workers):
         block = "" if self.codec.name == "bf16" else f", block={self.codec.block}"
         replies = ", and synchronous replies as encoded changes" if self.replies else ""

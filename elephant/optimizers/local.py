@@ -14,8 +14,9 @@ from typing import Any
 
 from elephant.errors import ConfigError
 
-__all__ = ["ADAPTIVE_OPTIMIZERS", "SECOND_MOMENTS", "LocalMoment", "ScaledLocalRate", "adapts_step_size",
-           "check_sqrt_scaling", "inner_optimizer", "local_setting", "ramped_rates", "settable_rate", "step_rates"]
+__all__ = ["ADAPTIVE_OPTIMIZERS", "FIRST_MOMENTS", "SECOND_MOMENTS", "LocalMoment", "LocalMomentum", "ScaledLocalRate",
+           "adapts_step_size", "asynchrony_lag", "check_sqrt_scaling", "inner_optimizer", "local_setting",
+           "ramped_rates", "settable_rate", "step_rates"]
 
 
 #: Keras optimizers that divide each step by a running magnitude of the gradient (or
@@ -31,6 +32,12 @@ ADAPTIVE_OPTIMIZERS = frozenset(
 #: and its bases' names, so a subclass of ``Adam`` counts.
 SECOND_MOMENTS = {"RMSprop": ("rho", False), "Adam": ("beta_2", True), "AdamW": ("beta_2", True),
                   "Nadam": ("beta_2", True)}
+
+#: Keras optimizers whose steps follow a running mean of the gradient that decays at the rate of one
+#: hyperparameter and is corrected for its start from zero by ``1 − decay^t`` (Adam's ``beta_1``), which an
+#: asynchronous worker's copy may shorten (:class:`LocalMomentum`); matched as :data:`SECOND_MOMENTS` (AdamW is an
+#: Adam). Nadam's momentum schedule corrects its start otherwise and is left as compiled.
+FIRST_MOMENTS = {"Adam": "beta_1", "AdamW": "beta_1"}
 
 
 def inner_optimizer(local: Any) -> Any:
@@ -146,6 +153,16 @@ class LocalMoment:
                 f"magnitude over as many samples as plain training's{rise}")
 
 
+def _restate_corrected(variables, steps: int, decay: float, compiled: float) -> None:
+    """Rescale running means summed over ``steps`` steps at the ``compiled`` decay so that their correction
+    for the start from zero at ``decay`` reads what it read at the compiled one."""
+    if steps <= 0 or decay == compiled:
+        return
+    ratio = (1.0 - decay ** steps) / (1.0 - compiled ** steps)
+    for variable in variables:
+        variable.assign(variable * ratio)
+
+
 def restate_corrected_magnitude(optimizer: Any, decay: float, compiled: float) -> None:
     """Rescale the running magnitude ``v`` of a bias-correcting ``optimizer`` (Adam, AdamW, Nadam) that took ``t``
     steps at the ``compiled`` decay, for training on at ``decay``: ``v · (1 − decay^t)/(1 − compiled^t)``.
@@ -158,11 +175,8 @@ def restate_corrected_magnitude(optimizer: Any, decay: float, compiled: float) -
     workers start from is the one the optimizer had. Nothing to do before the first step (``t = 0``).
     """
     steps = int(optimizer.iterations) if optimizer.built else 0
-    if steps <= 0 or decay == compiled:
-        return
-    ratio = (1.0 - decay ** steps) / (1.0 - compiled ** steps)
-    for variable in [*getattr(optimizer, "_velocities", ()), *(getattr(optimizer, "_velocity_hats", None) or ())]:
-        variable.assign(variable * ratio)
+    _restate_corrected([*getattr(optimizer, "_velocities", ()), *(getattr(optimizer, "_velocity_hats", None) or ())],
+                       steps, decay, compiled)
 
 
 def rise_at_compiled_decay(optimizer: Any, decay: float, compiled: float) -> None:
@@ -191,6 +205,71 @@ def rise_at_compiled_decay(optimizer: Any, decay: float, compiled: float) -> Non
 
     optimizer._backend_update_step = rising_step
     optimizer._rises_at_compiled_decay = True
+
+
+def asynchrony_lag(window: int, num_workers: int) -> float:
+    """The steps by which an asynchronous worker's view of the center trails a synchronous worker's, where each of
+    ``num_workers`` commits every ``window`` local steps and adopts the center of the reply.
+
+    A synchronous worker starts each window from a center that holds every worker's last window. An asynchronous
+    one starts from a center that lacks what the others trained since their own last commits: half a window each
+    on average, their commits spread over its window, and each of them ``1/K`` of the center's move. So its
+    gradients are ``(K − 1)/K · window/2`` steps of the center's progress older, all through its window.
+    """
+    workers = max(int(num_workers), 1)
+    return (workers - 1) / workers * int(window) / 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalMomentum:
+    """An asynchronous worker's shorter running mean of the gradient: Adam's ``beta_1`` less the asynchrony's lag.
+
+    A running mean at decay ``b`` steps along gradients ``b/(1 − b)`` steps old on average (9 at Adam's 0.9). An
+    asynchronous worker's gradients are also ``lag`` steps older than a synchronous one's
+    (:func:`asynchrony_lag`): staleness acts as momentum of its own (Mitliagkas et al., "Asynchrony begets
+    momentum", 2016), and on top of the compiled one it carries the workers' steps further along old gradients
+    than plain training's. So the workers' running mean is ``lag`` steps younger, ``a = max(b/(1 − b) − lag, 0)``
+    steps, which is the decay ``a/(1 + a)``; the sum of the two ages is the compiled one's where ``a`` > 0.
+
+    Attributes:
+        name: the Keras optimizer's attribute (``"beta_1"``).
+        decay: the workers' value of it.
+        compiled: the user's value.
+        lag: the asynchrony's lag in steps it was decided from.
+    """
+
+    name: str
+    decay: float
+    compiled: float
+    lag: float
+
+    @classmethod
+    def for_lag(cls, local: Any, lag: float) -> LocalMomentum | None:
+        """The workers' running mean for gradients ``lag`` steps late, or None where the optimizer has no such
+        decay (:data:`FIRST_MOMENTS`), it is not a number in (0, 1), or nothing is late."""
+        optimizer = inner_optimizer(local)
+        name = next((FIRST_MOMENTS[c.__name__] for c in type(optimizer).__mro__ if c.__name__ in FIRST_MOMENTS), None)
+        compiled = local_setting(optimizer, name) if name else None
+        if not isinstance(compiled, float) or not 0.0 < compiled < 1.0 or not lag > 0:
+            return None
+        age = max(compiled / (1.0 - compiled) - float(lag), 0.0)
+        return cls(name, float(f"{age / (1.0 + age):.6g}"), compiled, float(lag))
+
+    def apply(self, local: Any) -> None:
+        """Set the workers' decay on a replica's Keras optimizer (before its train step is traced); where it has
+        taken steps (the driver's head, an earlier fit), restate the running mean it holds for the new decay's
+        correction of the start, as :func:`restate_corrected_magnitude` does the magnitude."""
+        optimizer = inner_optimizer(local)
+        setattr(optimizer, self.name, self.decay)
+        steps = int(optimizer.iterations) if optimizer.built else 0
+        _restate_corrected(getattr(optimizer, "_momentums", ()), steps, self.decay, self.compiled)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        return (f"{self.name} {self.decay:.6g} instead of {self.compiled:.6g}, its running mean of the gradient "
+                f"{self.lag:.3g} steps younger for the asynchronous commits' lag")
 
 
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step

@@ -69,6 +69,10 @@ def test_beyond_four_workers_the_driver_trains_the_first_epochs_first_steps_and_
     assert commits == {(epoch, p): n for epoch, n in ((0, 3), (1, 2)) for p in range(8)}
     assert all(rate == pytest.approx(1e-3 * 8 ** 0.5, rel=1e-5) for rate in sm.last_report.learning_rates[0].values())
     assert int(sm.model.optimizer.iterations) == steps // 2  # the user's optimizer took the head's steps
+    # the workers' Adam keeps a running mean 7/8 of half a window younger (momentum_scaling): 9 - 7 = 2 steps old
+    assert plan["local_momentum"]["decay"] == pytest.approx(2 / 3, abs=1e-5) and plan["local_momentum"]["lag"] == 7.0
+    assert float(sm.model.optimizer.beta_1) == pytest.approx(0.9)  # the user's optimizer keeps its own
+    assert any("beta_1 0.666667 instead of 0.9" in r.getMessage() for r in caplog.records)
 
 
 def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):

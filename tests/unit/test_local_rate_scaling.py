@@ -128,6 +128,9 @@ def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with
 def test_a_compressed_default_scales_as_its_inner_rule():
     rule = O.Compressed("modelaveraging", "int8").for_fit(ADAM(), 4, True, 8)
     assert rule.local_rate_scale(ADAM(), 4, True) == 2.0 and rule.inner.outer.momentum == 0.0
+    assert rule.local_moment(ADAM(), 4, True) == rule.inner.local_moment(ADAM(), 4, True) is not None  # beta_2 too
+    asynchronous = O.Compressed("delayednesterov", "int8").for_fit(ADAM(), 8, True, 16)
+    assert asynchronous.local_momentum(ADAM(), 8, True, 16) == O.local.LocalMomentum.for_lag(ADAM(), 7.0)
 
 
 @pytest.mark.parametrize("name", ["modelaveraging", "delayednesterov"])
