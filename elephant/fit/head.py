@@ -36,7 +36,7 @@ from elephant.worker import pass_order
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HEAD_STEPS", "head_steps", "head_rows", "partition_head", "global_batches", "train_head"]
+__all__ = ["HEAD_STEPS", "HeldState", "head_steps", "head_rows", "partition_head", "global_batches", "train_head"]
 
 #: The most steps of the first epoch the driver trains (benchmarks/first_epoch.py at 16 workers: 128 plain steps took
 #: the synchronous default's first epoch from 3.6 to 1.1 points behind plain Keras on a GRU, 32 and 8 did less).
@@ -98,6 +98,29 @@ def global_batches(parts: Sequence[tuple], steps: int, batch_size: int,
         return
     for start in range(0, D.num_samples(rows[0]), global_batch):
         yield _take(rows, slice(start, start + global_batch))
+
+
+class HeldState:
+    """What the user's model held before the head trained it: its weights and its optimizer's variables.
+
+    The head trains the user's model itself, before the first epoch's job; a fit whose first epoch then fails
+    (rolled back, not kept) gives the model back what it held before the fit (:meth:`restore`), as a fit without
+    a head leaves it. The optimizer is built first, as the head's first step would build it, so that a fresh
+    optimizer's variables (step count 0, empty moments, a loss scale's start) are what is held.
+    """
+
+    def __init__(self, model):
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        self.model = model
+        self.weights = model.get_weights()
+        self.optimizer_variables = [np.array(v) for v in model.optimizer.variables]
+
+    def restore(self) -> None:
+        """Set the model's weights and optimizer variables back to what they were held at."""
+        self.model.set_weights(self.weights)
+        for variable, value in zip(self.model.optimizer.variables, self.optimizer_variables, strict=True):
+            variable.assign(value)
 
 
 def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int, global_batch: int | None = None) -> int:

@@ -27,7 +27,7 @@ from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 from elephant.fit.backup import in_callback_order, resume_from_backup, save_backup
 from elephant.fit.epoch import run_epoch
-from elephant.fit.head import train_head
+from elephant.fit.head import HeldState, train_head
 from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
                                    task_devices, validates_after)
@@ -201,10 +201,15 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                                                          shards)
     key = shuffle_key(settings.seed, model.get_weights())
     head = plan.head_steps if initial_epoch == args.initial_epoch else 0  # none in a resumed fit (nor a ramp)
+    held = HeldState(model) if head else None  # given back if the fit fails before its first epoch ends
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
-        train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size), head,
-                   plan.worker_batch_size, plan.head_batch_size)
+        try:
+            train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size), head,
+                       plan.worker_batch_size, plan.head_batch_size)
+        except BaseException:
+            held.restore()
+            raise
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
     structure = "" if head else replica_structure(model, custom_objects)  # a shared replica keeps its own start
@@ -280,6 +285,7 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
                          "task moved to another executor)", epoch + 1, stale)
             plan = _recheck(plan, results, report)
             model.set_weights(store.center())
+            held = None  # an epoch ended: a later failure leaves the model at its center
             if validate is not None and validates_after(epoch, args.validation_freq):
                 logs.update({f"val_{k}": v for k, v in validate().items()})
             metrics_after = store.metrics()
@@ -307,6 +313,8 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
             checkpoint.remove(backup.backup_dir)
     except BaseException:
         runner.cancel()
+        if held is not None and settings.on_failure != "keep":  # the head's steps go with the failed first epoch
+            held.restore()
         _keep_server_record(report, store, failing=True)
         raise
     finally:

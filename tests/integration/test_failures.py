@@ -68,6 +68,23 @@ def test_failed_fit_stops_the_server_and_frees_the_port(spark, digits, monkeypat
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the next fit works
 
 
+def test_a_failed_first_epoch_gives_back_what_the_head_trained(spark, digits, monkeypatch):
+    """Beyond 4 workers the driver trains the first epoch's first steps on the user's model before the job; a fit
+    whose first epoch then fails leaves the model as it was before the fit, its optimizer state included."""
+    x_train, _, y_train, _ = digits
+    monkeypatch.setenv("ELEPHANT_FAULT", "partition=0,step=1,kind=raise")  # fires on every attempt
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=8, spark=spark)
+    before = sm.model.get_weights()
+    with pytest.raises(FitError, match=r"epoch 1 of 1 failed in Spark: RuntimeError: injected fault in partition 0 "
+                                       r"at step 1.*sm.model holds the weights it had before the fit"):
+        sm.fit(x_train, y_train, epochs=1, batch_size=64, verbose=0)
+    assert sm.fit_plan["head_steps"] > 0  # the head trained the model before the job failed
+    for a, b in zip(before, sm.model.get_weights(), strict=True):
+        assert (a == b).all()
+    assert int(sm.model.optimizer.iterations) == 0
+    assert all(not np.any(np.asarray(m)) for m in sm.model.optimizer._momentums)  # Adam's moments as fresh
+
+
 def test_synchronous_mode_refuses_more_workers_than_slots(spark, digits):
     x_train, _, y_train, _ = digits
     sm = SparkModel(digits_model(), mode="synchronous", num_workers=3, spark=spark)

@@ -158,3 +158,27 @@ def test_the_simulator_trains_the_head_then_the_workers_at_the_factor_from_their
     assert len(steps) == 16 * 4 + 16 * 8 and set(steps) == {4}  # the first epoch's other half, then a whole one
     assert fit.history["updates"] == [2.0, 1.0]  # the warm-up's windows of 2 while the first 128 steps last
     assert int(m.optimizer.iterations) == 4  # the user's model: the head's steps
+
+
+@pytest.mark.parametrize("optimizer", [lambda: keras.optimizers.Adam(1e-2),
+                                       lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-2))])
+@pytest.mark.parametrize("trained_before", [False, True])
+def test_the_held_state_gives_back_the_weights_and_optimizer_the_head_changed(optimizer, trained_before):
+    """What a fit whose first epoch fails after the head gives back: the weights and every optimizer variable as
+    held before it (a fresh optimizer's too: step 0, empty moments, the loss scale's start)."""
+    m = _model(optimizer=optimizer())
+    x, y = _data(64)
+    if trained_before:  # an earlier fit: the held optimizer has steps and moments of its own
+        m.train_on_batch(x[:16], y[:16])
+    held = H.HeldState(m)
+    weights = [np.array(w) for w in m.get_weights()]
+    variables = [np.array(v) for v in m.optimizer.variables]
+    for i in range(3):  # the head's steps
+        m.train_on_batch(x[16 * i:16 * i + 16], y[16 * i:16 * i + 16])
+    assert any(not np.array_equal(a, np.array(b)) for a, b in zip(variables, m.optimizer.variables, strict=True))
+    held.restore()
+    for a, b in zip(weights, m.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(variables, m.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a, np.array(b))
+    assert int(m.optimizer.iterations) == (1 if trained_before else 0)
