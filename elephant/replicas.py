@@ -164,10 +164,9 @@ def _replica(spec) -> _Replica:
     replica = _REPLICAS.get(key)
     if replica is None:
         model = model_from_bytes(_value(spec.model_bytes), spec.custom_objects)
-        if spec.local_moment is not None:  # before the train step is traced, which reads the decay as a constant
-            spec.local_moment.apply(model.optimizer)
-        if spec.local_momentum is not None:
-            spec.local_momentum.apply(model.optimizer)
+        for change in (spec.local_moment, spec.local_momentum):  # before the train step is traced, which reads
+            if change is not None:                                # the decays as constants
+                change.apply(model.optimizer)
         if not model.optimizer.built:  # as the first train step would, so the slots exist to save and restore
             model.optimizer.build(model.trainable_variables)
         replica = _REPLICAS[key] = _Replica(model, _optimizer_values(model))

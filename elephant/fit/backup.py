@@ -22,7 +22,7 @@ from elephant.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["in_callback_order", "resume_from_backup", "rule_identity", "save_backup"]
+__all__ = ["built_optimizer", "in_callback_order", "resume_from_backup", "rule_identity", "save_backup"]
 
 
 def rule_identity(mode: str, rule, num_workers: int, shards: int = 1) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial
                           f"{[c.shape for c in saved.center][:4]}..., the model's {[w.shape for w in weights][:4]}...); "
                           "remove it or pass another backup_dir")
     model.set_weights(saved.center)
-    optimizer = _built_optimizer(model)
+    optimizer = built_optimizer(model)
     variables = optimizer.variables
     if [tuple(v.shape) for v in variables] == [a.shape for a in saved.optimizer_variables]:
         for v, a in zip(variables, saved.optimizer_variables):
@@ -78,7 +78,7 @@ def resume_from_backup(model, mode: str, backup, rule, num_workers: int, initial
     return saved.epochs_done or initial_epoch, state, saved.history
 
 
-def _built_optimizer(model):
+def built_optimizer(model):
     """The model's optimizer with its variables made (as Keras' own BackupAndRestore builds it to load them)."""
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
@@ -94,7 +94,7 @@ def save_backup(model, mode: str, backup, store, rule, num_workers: int, epochs_
     """
     checkpoint.save(backup.backup_dir, checkpoint.Checkpoint(
         epochs_done=epochs_done, center=store.center(),
-        optimizer_variables=[np.asarray(v) for v in _built_optimizer(model).variables],
+        optimizer_variables=[np.asarray(v) for v in built_optimizer(model).variables],
         rule_state=store.snapshot().state, rule=rule_identity(mode, rule, num_workers, shards), history=history,
     ))
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from elephant import data as D
+from elephant.fit.backup import built_optimizer
 from elephant.worker import pass_order
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,9 @@ class HeldState:
     """
 
     def __init__(self, model):
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
         self.model = model
         self.weights = model.get_weights()
-        self.optimizer_variables = [np.array(v) for v in model.optimizer.variables]
+        self.optimizer_variables = [np.array(v) for v in built_optimizer(model).variables]
 
     def restore(self) -> None:
         """Set the model's weights and optimizer variables back to what they were held at."""

@@ -215,10 +215,9 @@ def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, rep
     structure = "" if head else replica_structure(model, custom_objects)  # a shared replica keeps its own start
     if structure and plan.learning_rate_scale != 1.0 and settable_learning_rate(model.optimizer) is None:
         structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
-    if structure and plan.local_moment is not None:  # a replica's optimizer traced with the workers' decay
-        structure += f"; {plan.local_moment.name} {plan.local_moment.decay!r}"
-    if structure and plan.local_momentum is not None:
-        structure += f"; {plan.local_momentum.name} {plan.local_momentum.decay!r}"
+    for change in (plan.local_moment, plan.local_momentum):  # a replica's optimizer traced with the workers' decays
+        if structure and change is not None:
+            structure += f"; {change.name} {change.decay!r}"
     steps = -(-samples // args.batch_size)  # Keras' steps of the global batch
     if backup is not None:
         def write_backup(epoch: int, logs: dict) -> None:  # where the BackupAndRestore stands, as Keras writes it

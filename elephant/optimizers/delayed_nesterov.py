@@ -147,7 +147,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
 
     def local_momentum(self, local, num_workers, batch_split, window):
         # only windows lag: with one commit per pass every worker starts from the same center, as synchronously
-        if self.momentum_scaling is False or window is None or int(num_workers) < 2:
+        if self.momentum_scaling is False or window is None:  # one worker lags nothing: for_lag gives None
             return None
         ramped = int(num_workers) > MAX_SCALED_WORKERS and self.scaling_for_fit(local, num_workers, batch_split, True)
         if self.momentum_scaling is None and not ramped:  # at 2 to 4 workers measured no better: as compiled
