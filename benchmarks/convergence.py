@@ -148,7 +148,8 @@ def run_spark(wl, config: dict, workers: int, seed: int, spark) -> dict:
     plan = sm.fit_plan or {}
     return {"curve": curve, "final": curve[-1], "seconds": seconds, "window": plan.get("window", sm.window),
             "optimizer": repr(sm.optimizer), "worker_batch_size": plan.get("worker_batch_size"),
-            "window_choice": plan.get("window_choice"), "warmup_window": plan.get("warmup_window")}
+            "window_choice": plan.get("window_choice"), "warmup_window": plan.get("warmup_window"),
+            "head_steps": plan.get("head_steps")}
 
 
 def _warm_up(spark, workers: int) -> None:

@@ -1,11 +1,11 @@
 """The head of a fit's first epoch: its first steps, trained on the driver by the user's optimizer on the global batch.
 
-Beyond :data:`~elephant.optimizers.local.MAX_SCALED_WORKERS` workers under an
-adaptive optimizer, most of what the averaging defaults' first epoch loses
-against plain Keras is lost in its first steps (docs/convergence.md, "The first
-epoch at 16 workers"): each worker starts its optimizer state from nothing on
-a batch of ``batch_size/K`` samples, and the mean of such steps is not the
-global batch's step. Post-local SGD (Lin et al., 2020) starts with synchronous
+Where the averaging defaults' workers train at a scaled rate (an adaptive
+optimizer on the split batch, 2 workers and more), most of what their first
+epoch loses against plain Keras is lost in its first steps (docs/convergence.md,
+"The first epoch at 16 workers", and the head at 2 to 4 workers): each worker
+starts its optimizer state from nothing on a batch of ``batch_size/K`` samples,
+and the mean of such steps is not the global batch's step. Post-local SGD (Lin et al., 2020) starts with synchronous
 steps on the global batch for that reason. A fit whose plan has a head
 (``FitPlan.head_steps``) does it on the driver, where the user's compiled model
 and optimizer are: the global batch of each of its steps is the concatenation
@@ -14,8 +14,9 @@ would train its first pass (:func:`~elephant.worker.pass_order`), so the head tr
 averaging the workers' gradients every step would. The tasks of that epoch then
 skip those batches (``TaskSpec.skip_steps``), so the epoch trains every batch
 once, and start from the head's weights and optimizer state (the model archive
-is made after the head), at the plan's full factor from their first step: the
-head replaces the ramp of that factor.
+is made after the head), at the plan's full factor from their first step: beyond
+:data:`~elephant.optimizers.local.MAX_SCALED_WORKERS` workers the head replaces
+the ramp of that factor.
 
 The head is :data:`HEAD_STEPS` steps at most and half of a worker's pass at most
 (a short epoch keeps most of its steps on the workers); it costs the driver those

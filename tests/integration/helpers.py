@@ -51,6 +51,13 @@ def digits_model(seed=0, lr=1e-3):
     return model
 
 
+def worker_windows(sm, samples, window, workers=2):
+    """Each worker's commits in the last fit's first epoch and in a later one: its pass's steps in windows of
+    ``window``, less, in the first epoch, the steps the driver trained in its head (``fit_plan["head_steps"]``)."""
+    steps = -(-samples // workers // sm.fit_plan["worker_batch_size"])
+    return -(-(steps - sm.fit_plan["head_steps"]) // window), -(-steps // window)
+
+
 def accuracy(model, x, y):
     return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))
 

@@ -16,7 +16,7 @@ from elephant import SparkModel
 from elephant.fit import classic
 from elephant.ps import sharded_store
 
-from .helpers import accuracy, digits_model
+from .helpers import accuracy, digits_model, worker_windows
 from .test_failures import _port_is_free
 
 EPOCHS = 6
@@ -130,8 +130,7 @@ def test_a_failed_synchronous_epoch_rolls_every_shard_back_and_trains_again(spar
     for shard in sm.last_metrics["shards"]:
         assert shard["epochs_rolled_back"] == 1 and shard["commits_rolled_back"] >= 2
     keys = _once_per_shard(store)
-    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
-    assert len(keys) == 2 * 2 * -(-steps // 2)  # every (epoch, partition, window) once, each epoch in full
+    assert len(keys) == 2 * sum(worker_windows(sm, len(x_train), 2))  # every (epoch, partition, window) once
     run = sm.job_group.removeprefix("elephant-")
     assert {k[0] for k in keys if k[1] == 0} == {run + ".e0t1"}  # epoch 1 as trained again
     assert all(s.run == store.run for s in store.shards)
@@ -151,18 +150,21 @@ def test_a_retried_task_applies_its_commits_once_on_every_shard(spark, digits, s
         assert shard["replays_dropped"] >= 3
     attempts = {entry[1] for entry in sm.last_ledger if entry[0][2] == 1}
     assert len(attempts) == 2
-    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
-    assert len(keys) == 2 * (-(-steps // 2))  # every window applied exactly once, on every shard
+    assert len(keys) == 2 * worker_windows(sm, len(x_train), 2)[0]  # every window applied once, on every shard
     assert _ports_free(sm)
 
 
 def test_shards_on_the_executors_train_the_same_bytes_as_on_the_driver(spark, digits, stores):
-    """One epoch of two workers' synchronous rounds: the same center wherever the server and its shards run."""
+    """One epoch of two workers' synchronous rounds: the same center wherever the server and its shards run.
+
+    At the compiled rate (``sqrt_scaling=False``): where the workers' rate is scaled a driver-hosted fit's driver
+    trains the first epoch's first steps (its head), which the executors' servers do not."""
     x_train, _, y_train, _ = digits
     weights, plans = {}, {}
+    rule = {"name": "modelaveraging", "config": {"sqrt_scaling": False}}
     for where, shards in (("driver", 1), ("driver", 2), ("executors", 1), ("executors", 2)):
         sm = SparkModel(digits_model(), mode="synchronous", frequency=4, num_workers=2, ps_shards=shards,
-                        ps_placement=where, spark=spark)
+                        ps_placement=where, optimizer=rule, spark=spark)
         sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
         weights[where, shards] = sm.model.get_weights()
         plans[where, shards] = (sm.fit_plan["ps_placement"], sm.fit_plan["ps_shards"])
@@ -185,8 +187,7 @@ def test_a_failed_shard_host_rolls_the_epoch_back_on_every_shard(spark, digits, 
     assert marker.exists(), "the fault never fired"
     assert sm.last_metrics["epochs_rolled_back"] == 1
     keys = _once_per_shard(stores[-1])
-    steps = -(-len(x_train) // 2 // sm.fit_plan["worker_batch_size"])
-    assert len(keys) == 2 * 2 * -(-steps // 2)  # every (epoch, partition, window) once, each epoch in full
+    assert len(keys) == 2 * sum(worker_windows(sm, len(x_train), 2))  # every (epoch, partition, window) once
     assert len(history.history["loss"]) == 2 and history.history["loss"][1] < history.history["loss"][0]
     assert accuracy(sm.model, x_test, y_test) > 0.8
 

@@ -297,13 +297,18 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
         assert f"Spark (8 workers, 3 seeds) {quoted} points behind" in found[0]  # a server in the tasks: the ramp's
     elif warned:
         assert f"at {workers} workers" in found[0] and f"at sqrt({workers}) times its rate" in found[0]
-        assert "2.4 to 8.9 points behind" in found[0] and "within 1.2 points after the second" in found[0]
+        assert plan.head_steps and "the driver training the first epoch's first steps) up to 5.5 points" in found[0]
+        assert "within 0.8 points after the second" in found[0]
+        hosted = plan_fit(Settings(**settings), model(), workers, 64, samples=samples, hosted=True)
+        found = [w for w in hosted.warnings(settings["mode"]) if "Asynchronous windows" in w]
+        assert not hosted.head_steps and "2.4 to 8.9 points behind" in found[0]  # a server in the tasks: no head
+        assert "within 1.2 points after the second" in found[0]
 
 
 @pytest.mark.parametrize("workers, scaled, epochs, warned", [
     (8, True, 1, True), (8, True, 2, False), (8, True, None, True),   # ramped: the misses are the first epoch's
     (16, True, 2, True), (16, True, 3, False),                          # beyond 8, two epochs not measured within
-    (4, True, 2, True), (4, True, 3, False), (4, True, 1, True),       # 2 to 4 workers: those of two epochs
+    (4, True, 2, False), (4, True, 1, True), (4, True, None, True),    # 2 to 4 workers after a head: the first
     (8, False, 10, True),                                               # unscaled: behind after the second too
 ])
 def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behind(workers, scaled, epochs, warned):
@@ -312,12 +317,19 @@ def test_the_scaled_asynchronous_windows_warning_is_for_the_epochs_measured_behi
     assert any("Asynchronous windows" in w for w in plan.warnings("asynchronous", epochs)) == warned
 
 
+@pytest.mark.parametrize("epochs, warned", [(1, True), (2, True), (3, False)])
+def test_without_a_head_the_warning_at_four_workers_is_for_two_epochs(epochs, warned):
+    plan = plan_fit(Settings(mode="asynchronous"), _adam_model(), 4, 64, samples=100_000, hosted=True)
+    assert not plan.head_steps  # a server in the tasks: no head
+    assert any("Asynchronous windows" in w for w in plan.warnings("asynchronous", epochs)) == warned
+
+
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
 @pytest.mark.parametrize("workers, warmup", [(2, None), (4, None), (8, WARMUP_ROUND_STEPS // 8), (16, 2), (32, 1),
                                              (64, 1)])
 def test_the_first_epochs_ramp_commits_in_shorter_windows_beyond_four_workers(mode, workers, warmup):
     plan = plan_fit(Settings(mode=mode), _adam_model(), workers, 64, samples=200 * 64)
-    assert plan.head_steps == (100 if workers > 4 else 0) and not plan.learning_rate_warmup  # half the epoch's steps
+    assert plan.head_steps == 100 and not plan.learning_rate_warmup  # a scaled rate: half the epoch's steps
     assert plan.warmup_window == warmup
     if warmup is not None:
         assert plan.warmup_window < plan.window

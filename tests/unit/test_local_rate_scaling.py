@@ -96,13 +96,14 @@ def test_the_plan_carries_the_factor_to_the_tasks(mode, local, workers, split, s
     plan = plan_fit(Settings(mode=mode, batch_split=split), model, workers, 64, samples=10_000)
     if scale is None:  # beyond 4 workers: ramped in both modes (the asynchronous one in the round's windows)
         scale = 4.0
-    warmup = scale > 2.0  # beyond 4 workers: a head of the first epoch's steps on the driver instead of the ramp
+    warmup = scale > 2.0  # beyond 4 workers the factor ramps: the head on the driver replaces the ramp
+    head = scale > 1.0  # wherever the factor is scaled the driver trains the first epoch's first steps
     assert plan.learning_rate_scale == pytest.approx(scale)
     assert plan.as_dict()["learning_rate_scale"] == pytest.approx(scale)
     assert plan.learning_rate_warmup is plan.as_dict()["learning_rate_warmup"] is False
-    assert plan.head_steps == plan.as_dict()["head_steps"] == (78 if warmup else 0)  # half of 157 steps
+    assert plan.head_steps == plan.as_dict()["head_steps"] == (78 if head else 0)  # half of 157 steps
     assert ("ramped up from the compiled rate over the first epoch" in plan.describe()) == warmup
-    assert ("the driver trains the rows of the workers' first 78 steps of the first epoch" in plan.describe()) == warmup
+    assert ("the driver trains the rows of the workers' first 78 steps of the first epoch" in plan.describe()) == head
     assert (f"sqrt({workers}) = {scale:.3g} times the compiled learning rate" in plan.describe()) == (scale != 1.0)
     assert settable_learning_rate(model.optimizer) == pytest.approx(1e-3)  # the user's model keeps its rate
 

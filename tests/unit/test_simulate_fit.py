@@ -46,8 +46,9 @@ def test_history_counts_rounds_and_commits_and_evaluates_the_center(data):
     x, y = data
     sync = simulate_fit(model(), x, y, epochs=2, batch_size=20, mode="synchronous", num_workers=2,
                         frequency=2, validation_data=(x, y))
-    # 100 samples per worker, batch 20 split in two: 10 steps per pass, 5 rounds of 2 steps
-    assert sync.history["updates"] == [5.0, 5.0] and sync.trace.clock == 10
+    # 100 samples per worker, batch 20 split in two: 10 steps per pass, 5 rounds of 2 steps; Adam's workers train at
+    # a scaled rate, so the driver's head trains the first epoch's first 5 steps and its workers 3 rounds (2, 2, 1)
+    assert sync.history["updates"] == [3.0, 5.0] and sync.trace.clock == 8
     assert len(sync.history["val_accuracy"]) == 2 and 0.0 <= sync.history["val_accuracy"][-1] <= 1.0
     m = model()
     m.set_weights(sync.centers[-1])
@@ -58,10 +59,12 @@ def test_history_counts_rounds_and_commits_and_evaluates_the_center(data):
 
 def test_batch_split_follows_the_rule_unless_told(data):
     x, y = data
-    split = simulate_fit(model(), x, y, epochs=1, batch_size=20, mode="synchronous", num_workers=2, frequency=1)
-    full = simulate_fit(model(), x, y, epochs=1, batch_size=20, mode="synchronous", num_workers=2, frequency=1,
+    split = simulate_fit(model(), x, y, epochs=2, batch_size=20, mode="synchronous", num_workers=2, frequency=1)
+    full = simulate_fit(model(), x, y, epochs=2, batch_size=20, mode="synchronous", num_workers=2, frequency=1,
                         batch_split=False)
-    assert split.trace.clock == 10 and full.trace.clock == 5
+    # split: 10 steps per pass, the first epoch's first 5 in the driver's head (the workers' rate is scaled);
+    # full batches: 5 steps per pass at the compiled rate, no head
+    assert split.trace.clock == 15 and full.trace.clock == 10
 
 
 def test_arguments_are_checked(data):
