@@ -6,8 +6,9 @@ epoch loses against plain Keras is lost in its first steps (docs/convergence.md,
 "The first epoch at 16 workers", and the head at 2 to 4 workers): each worker
 starts its optimizer state from nothing on a batch of ``batch_size/K`` samples,
 and the mean of such steps is not the global batch's step. Post-local SGD (Lin
-et al., 2020) starts with synchronous steps on the global batch for that reason. A fit whose plan has a head
-(``FitPlan.head_steps``) does it on the driver, where the user's compiled model
+et al., 2020) starts with synchronous steps on the global batch for that reason.
+A fit whose plan has a head (``FitPlan.head_steps``) does it on the driver,
+where the user's compiled model
 and optimizer are: the global batch of each of its steps is the concatenation
 of every partition's batch of that step, in the order that partition's task
 would train its first pass (:func:`~elephant.worker.pass_order`), so the head trains exactly what

@@ -301,23 +301,19 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
             f"seeds) {measured}. For one-epoch fits (two beyond 8 workers, where the second was not measured) prefer "
             "mode='synchronous', or check the first epochs against a short plain Keras run."
         )
-    if scaled and head:  # the workers train at sqrt(K) times the rate (2 to 4 workers) after the driver's head
-        return (
-            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
-            "seeds, the driver training the first epoch's first steps) up to 5.5 points behind plain Keras after a "
-            "first epoch on a GRU trained with Adam (2.0 ahead at another seed) and up to 1.5 on a Conv2D trained "
-            "with RMSprop (the synchronous default up to 0.9 and 0.4), and within 0.8 points after the second. For "
-            "one-epoch fits prefer mode='synchronous', or check the first epoch against a short plain Keras run."
-        )
     if scaled:  # the workers train at sqrt(K) times the rate (2 to 4 workers)
+        measured = ("seeds, the driver training the first epoch's first steps) up to 5.5 points behind plain Keras "
+                    "after a first epoch on a GRU trained with Adam (2.0 ahead at another seed) and up to 1.5 on a "
+                    "Conv2D trained with RMSprop (the synchronous default up to 0.9 and 0.4), and within 0.8 points "
+                    "after the second" if head else
+                    "seeds) 2.4 to 8.9 points behind plain Keras after a first epoch on a GRU trained with Adam and "
+                    "1.8 to 5.1 on a Conv2D trained with RMSprop, and within 1.2 points after the second (the "
+                    "synchronous default: 1.8 behind on both after the first, on average)")
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
-            "seeds) 2.4 to 8.9 points behind plain Keras after a first epoch on a GRU trained with Adam and 1.8 to "
-            "5.1 on a Conv2D trained with RMSprop, and within 1.2 points after the second (the synchronous default: "
-            "1.8 behind on both after the first, on average). For one-epoch fits prefer mode='synchronous', or check "
-            "the first epoch against a short plain Keras run."
+            f"times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
+            f"{measured}. For one-epoch fits prefer mode='synchronous', or check the first epoch against a short "
+            "plain Keras run."
         )
     return (
         f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer: "
