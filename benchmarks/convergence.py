@@ -22,11 +22,17 @@ Run::
 
     python benchmarks/convergence.py                       # simulator grid (~30 min on 2 cores)
     python benchmarks/convergence.py --engine spark        # defaults on Spark, 2 and 4 workers
+    python benchmarks/convergence.py --engine spark --time-repeats 3   # each fit timed 3 times, median kept
     python benchmarks/convergence.py --large --workers 2 4 8 --seeds 0   # MB models, big data, 1-2 epochs
     python benchmarks/convergence.py --workloads sequences-gru-1pass textures-conv2d-1pass --workers 8 16 \
         --configs sync-default async-default --seeds 0        # one pass over big data (workloads.ONE_PASS)
     python benchmarks/convergence.py --report              # table, plots, README section only
     python benchmarks/convergence.py --workloads digits-mlp --workers 2 --seeds 0 --configs sync-default
+
+With ``--time-repeats N`` (Spark only) plain Keras and every configuration are fitted N times from the same
+weights (the first fit gives the curve, the others only their time): a row keeps every run's time in
+``seconds_runs`` (plain Keras also ``wall_runs``) and their median in ``seconds`` (``wall``), so a time ratio is
+then one of medians.
 
 Results go to ``benchmarks/results/convergence_<engine>.json``; ``--report`` (also run at the
 end of every full run) writes ``convergence.md`` and one PNG per workload.
@@ -35,12 +41,15 @@ end of every full run) writes ``convergence.md`` and one PNG per workload.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -85,6 +94,40 @@ DEFAULT_CONFIGS = ("sync-default", "sync-w8", "sync-epoch", "async-default", "as
 
 def _key(row) -> tuple:
     return (row["workload"], row["config"], row["workers"], row["seed"])
+
+
+def repeat_timing(row: dict, again: Callable[[], dict], repeats: int, fields: tuple[str, ...] = ("seconds",)) -> dict:
+    """``row`` (the first fit's result) timed ``repeats`` times: ``again()`` fits once more and returns its times;
+    each of ``fields`` keeps every run's value in ``<field>_runs`` (the first fit's first) and becomes their median.
+    With ``repeats`` 1 the row is left as it is (no ``_runs``)."""
+    if repeats <= 1:
+        return row
+    runs = {field: [row[field]] for field in fields}
+    for _ in range(repeats - 1):
+        timing = again()
+        for field in fields:
+            runs[field].append(timing[field])
+    for field in fields:
+        row[f"{field}_runs"] = runs[field]
+        row[field] = float(statistics.median(runs[field]))
+    return row
+
+
+def time_ratio(row: dict, plain: dict) -> tuple[float, float | None, float | None]:
+    """A configuration's time over plain Keras' as the report reads it (its ``seconds`` over plain's ``wall``: both
+    evaluate the test set after every epoch), the medians where fits were repeated; then the lowest and highest ratio
+    of any one of its runs to any one plain run, or ``(None, None)`` where neither row has repeated runs."""
+    ratio = row["seconds"] / plain["wall"]
+    if "seconds_runs" not in row and "wall_runs" not in plain:
+        return ratio, None, None
+    runs, plain_runs = row.get("seconds_runs", [row["seconds"]]), plain.get("wall_runs", [plain["wall"]])
+    return ratio, min(runs) / max(plain_runs), max(runs) / min(plain_runs)
+
+
+def ratio_text(row: dict, plain: dict) -> str:
+    """``"1.08x"``, or ``"1.08x (1.02-1.15)"`` with the range of :func:`time_ratio` where fits were repeated."""
+    ratio, low, high = time_ratio(row, plain)
+    return f"{ratio:.2f}x" if low is None else f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
 
 
 def plain_keras(wl, seed: int, order: int = 0) -> dict:
@@ -194,9 +237,14 @@ def run(args) -> None:
         for seed in args.seeds:
             key = (name, "plain", 0, seed)
             if key not in done:
-                row = {"workload": name, "config": "plain", "workers": 0, "seed": seed, **plain_keras(wl, seed)}
+                # every timing run rebuilds the model from the seed: the same weights, the same shuffles
+                fit = functools.partial(plain_keras, wl, seed)
+                row = {"workload": name, "config": "plain", "workers": 0, "seed": seed,
+                       **repeat_timing(fit(), fit, args.time_repeats, ("seconds", "wall"))}
                 done[key] = row
-                print(f"{name} seed {seed} plain keras {row['final']:.4f} in {row['seconds']:.1f}s", flush=True)
+                runs = f" (median of {', '.join(f'{v:.1f}' for v in row['seconds_runs'])})" \
+                    if "seconds_runs" in row else ""
+                print(f"{name} seed {seed} plain keras {row['final']:.4f} in {row['seconds']:.1f}s{runs}", flush=True)
             if args.plain_orders:
                 _plain_orders(wl, name, seed, args.plain_orders, done)
                 _save(path, args.engine, done, what)
@@ -213,15 +261,19 @@ def run(args) -> None:
                         if args.engine == "sim":
                             row.update(run_sim(wl, CONFIGS[config], workers, seed))
                         else:
-                            row.update(run_spark(wl, CONFIGS[config], workers, seed, spark))
+                            fit = functools.partial(run_spark, wl, CONFIGS[config], workers, seed, spark)
+                            row.update(repeat_timing(fit(), fit, args.time_repeats))
                     except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
                         traceback.print_exc()
                         row.update(error=f"{type(exc).__name__}: {exc}")
                     done[key] = row
-                    base = done[(name, "plain", 0, seed)]["final"]
+                    plain = done[(name, "plain", 0, seed)]
                     final = row.get("final", float("nan"))
-                    print(f"{name} seed {seed} K={workers} {config:15s} {final:.4f} ({final - base:+.4f}) "
-                          f"in {row.get('seconds', float('nan')):.1f}s", flush=True)
+                    # the ratio (of medians, with its range) only where fits were repeated: the output is as before
+                    ratio = f", {ratio_text(row, plain)} plain Keras' time" \
+                        if args.time_repeats > 1 and "seconds" in row and "wall" in plain else ""
+                    print(f"{name} seed {seed} K={workers} {config:15s} {final:.4f} ({final - plain['final']:+.4f}) "
+                          f"in {row.get('seconds', float('nan')):.1f}s{ratio}", flush=True)
                     _save(path, args.engine, done, what)
     _save(path, args.engine, done, what)
     if spark is not None:
@@ -273,6 +325,10 @@ if __name__ == "__main__":
     parser.add_argument("--plain-orders", type=int, default=0, metavar="N",
                         help="also fit plain Keras from each seed's weights in N other shuffle orders: how far plain "
                              "Keras moves on its own, against which the report reads each gap")
+    parser.add_argument("--time-repeats", type=int, default=1, metavar="N",
+                        help="Spark only: fit plain Keras and every configuration N times from the same weights "
+                             "(the first fit gives the curve, the others only their time) and keep the median time, "
+                             "with every run's in seconds_runs: time ratios of medians")
     parser.add_argument("--report", action="store_true", help="only write the report from saved results")
     args = parser.parse_args()
     for item in args.extra:
@@ -285,6 +341,10 @@ if __name__ == "__main__":
     if args.workers is None:
         args.workers = [2, 4, 8] if args.engine == "sim" else [2, 4]
     args.configs = [*args.configs, *(item.partition("=")[0] for item in args.extra)]
+    if args.time_repeats < 1:
+        parser.error("--time-repeats must be at least 1")
+    if args.time_repeats > 1 and args.engine != "spark":
+        parser.error("--time-repeats times Spark's fits against plain Keras': use it with --engine spark")
     unknown = sorted(set(args.configs) - set(CONFIGS))
     if unknown:
         parser.error(f"unknown configurations {unknown}; known: {sorted(CONFIGS)}")
