@@ -19,9 +19,9 @@ from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decid
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
 from elephant.optimizers.local import MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, LocalMomentum, adapts_step_size
 
-__all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
+__all__ = ["COSTS", "MAX_ASYNC_LAG", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
            "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
-           "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
+           "lag_window", "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
            "warmup_window", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
@@ -53,6 +53,14 @@ ROUND_STEPS = 128
 #: (docs/convergence.md). Its workers at the compiled rate (SGD) keep the floor: a one-epoch SGD Conv1D at
 #: 16 workers was 6.9 points behind with windows of 8 and 1.3 with 32.
 ROUND_MIN_WINDOW = 8
+#: Accuracy's bound on an asynchronous fit's decided windows where its workers train at a scaled rate (down to
+#: ``ROUND_MIN_WINDOW``): a worker starts each window from a center that lacks what the others trained since their
+#: last commits, ``(K − 1)/K · window/2`` steps of the center's progress
+#: (:func:`~elephant.optimizers.local.asynchrony_lag`), and the windows keep that lag within this many steps, the
+#: lag of 2 workers' windows of 32 steps. Without it 4 workers' windows of 32 lagged 12 steps, the most of any
+#: count; with it they are 21 steps: a GRU's first epoch in the simulator (Adam, seeds 0-4) went from 2.4, 0.1,
+#: 6.2, 2.9 and 3.4 points behind plain Keras to 1.6, -2.8 (ahead), 5.7, 2.3 and 2.2 (docs/convergence.md).
+MAX_ASYNC_LAG = 8.0
 #: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
 #: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
 #: (at least 1), as large-batch training warms up before local steps grow (post-local SGD). Early steps move the
@@ -73,38 +81,52 @@ def estimate_commit_ms(model_bytes: int) -> float:
 
 def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: int, budget: float, *,
                   per_pass: bool = False, workers: int = 1, min_syncs: int = MIN_SYNCS_PER_PASS,
-                  max_window: int = MAX_WINDOW, least: int = ROUND_MIN_WINDOW) -> int | None:
+                  max_window: int = MAX_WINDOW, least: int = ROUND_MIN_WINDOW, lagged: bool = False) -> int | None:
     """Local steps per commit so that committing costs at most ``budget`` of a worker's time, within accuracy's bounds.
 
     The window is the fewest steps whose compute time is at least
     ``(1 - budget) / budget`` times ``commit_ms``, bounded by accuracy: at least
     ``floor`` (the window the small workloads were measured at) and at most
     ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
-    the global batch, ``ROUND_STEPS / workers`` (fewer synchronisations lose
-    accuracy; a pass shorter than ``floor * min_syncs`` keeps ``floor``; the round
-    bound may go below the floor down to ``least``). Where the
+    the global batch, ``ROUND_STEPS / workers`` and, for ``lagged`` (asynchronous)
+    windows, the window whose lag is :data:`MAX_ASYNC_LAG` steps (fewer
+    synchronisations lose accuracy; a pass shorter than ``floor * min_syncs`` keeps
+    ``floor``; the round and lag bounds may go below the floor down to ``least``). Where the
     budget needs a longer window than that, accuracy wins and the fit spends more
     than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
     None, one commit per pass, on a pass too short for ``min_syncs`` windows of
     ``floor`` steps: there the rule keeps the default it was measured with at 2 to
-    4 workers. Where the round bound is below the floor (more workers, at a scaled
-    rate: ``least`` below ``floor``) the round's windows win on short passes too.
+    4 workers (its workers all start the pass from one center: nothing lags). Where
+    the round bound is below the floor (more workers, at a scaled rate: ``least``
+    below ``floor``) the round's windows win on short passes too.
     """
-    cap = window_cap(floor, steps_per_pass, min_syncs, max_window, workers, least)
-    if per_pass and steps_per_pass < min_syncs * floor and cap >= floor:
+    if per_pass and steps_per_pass < min_syncs * floor and window_cap(
+            floor, steps_per_pass, min_syncs, max_window, workers, least) >= floor:
         return None
+    cap = window_cap(floor, steps_per_pass, min_syncs, max_window, workers, least, lagged)
     needed = math.ceil(commit_ms * (1.0 - budget) / (budget * max(step_ms, 1e-6)))
     return int(min(max(floor, needed), cap))
 
 
 def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_PASS,
-               max_window: int = MAX_WINDOW, workers: int = 1, least: int = ROUND_MIN_WINDOW) -> int:
+               max_window: int = MAX_WINDOW, workers: int = 1, least: int = ROUND_MIN_WINDOW,
+               lagged: bool = False) -> int:
     """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``, and
-    ``ROUND_STEPS`` over the ``workers`` that split the batch, never below ``floor`` or ``least``, whichever is
-    less (``least``: :data:`ROUND_MIN_WINDOW` where the workers' rate is scaled, else the rule's floor)."""
+    ``ROUND_STEPS`` over the ``workers`` that split the batch (and, ``lagged``, :func:`lag_window`), never below
+    ``floor`` or ``least``, whichever is less (``least``: :data:`ROUND_MIN_WINDOW` where the workers' rate is
+    scaled, else the rule's floor)."""
     per_pass = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
-    return max(min(floor, least), min(per_pass, ROUND_STEPS // max(workers, 1)))
+    bound = ROUND_STEPS // max(workers, 1)
+    if lagged and workers > 1:
+        bound = min(bound, lag_window(workers))
+    return max(min(floor, least), min(per_pass, bound))
+
+
+def lag_window(workers: int, max_lag: float = MAX_ASYNC_LAG) -> int:
+    """The longest window whose asynchrony lag (``(K − 1)/K · window/2`` steps with ``K`` = ``workers`` > 1) is at
+    most ``max_lag`` steps: 32 at 2 workers, 21 at 4, 18 at 8."""
+    return int(2.0 * max_lag * workers / (workers - 1))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -147,6 +169,8 @@ class WindowChoice:
             which bound a round's steps (:data:`ROUND_STEPS`).
         least: the least window the round bound gives a rule whose floor is above it
             (:data:`ROUND_MIN_WINDOW` where the workers train at a scaled rate, else the floor).
+        lagged: whether the workers commit without a barrier (asynchronously), so that the windows
+            are bounded by their lag too (:data:`MAX_ASYNC_LAG`).
     """
 
     window: int | None
@@ -160,21 +184,22 @@ class WindowChoice:
     measured: bool
     workers: int = 1
     least: int = ROUND_MIN_WINDOW
+    lagged: bool = False
 
     @classmethod
     def decide(cls, *, floor: int, per_pass: bool, model_bytes: int, step_ms: float, commit_ms: float,
                steps_per_pass: int, budget: float, measured: bool, workers: int = 1,
-               least: int = ROUND_MIN_WINDOW) -> WindowChoice:
+               least: int = ROUND_MIN_WINDOW, lagged: bool = False) -> WindowChoice:
         window = decide_window(floor, step_ms, commit_ms, steps_per_pass, budget, per_pass=per_pass, workers=workers,
-                               least=least)
+                               least=least, lagged=lagged)
         return cls(window, floor, per_pass, model_bytes, step_ms, commit_ms, steps_per_pass, budget, measured, workers,
-                   least)
+                   least, lagged)
 
     def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
         """The decision from measured costs (a fit that commits every ``window`` steps keeps doing so)."""
         return self.decide(floor=self.floor, per_pass=False, model_bytes=self.model_bytes, step_ms=step_ms,
                            commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
-                           measured=True, workers=self.workers, least=self.least)
+                           measured=True, workers=self.workers, least=self.least, lagged=self.lagged)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -184,9 +209,11 @@ class WindowChoice:
         steps = self.steps_per_pass if self.window is None else self.window
         share = self.commit_ms / (self.commit_ms + steps * self.step_ms)
         chosen = "one commit per pass" if self.window is None else f"window={self.window} steps"
-        cap = window_cap(self.floor, self.steps_per_pass, workers=self.workers, least=self.least)
+        cap = window_cap(self.floor, self.steps_per_pass, workers=self.workers, least=self.least, lagged=self.lagged)
         rounds = (f" and a round of {self.workers} workers sharing the batch holds at most {ROUND_STEPS} steps"
                   if self.workers > 1 else "")
+        if self.workers > 1 and self.lagged and self.least < self.floor:
+            rounds += f", each worker's start lagging the center by at most {MAX_ASYNC_LAG:g} steps"
         return (f"{chosen}, decided from {self.model_bytes / 2**20:.2f} MB of weights, "
                 f"{self.step_ms:.2f} ms per local step and {self.commit_ms:.2f} ms per commit ({how}) and "
                 f"{self.steps_per_pass} steps per pass: commits take ~{100 * share:.0f}% of a worker's time "
@@ -261,8 +288,9 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
     Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
-    rate scaled at 2 to 4 workers (windows of 32 steps) and, ramped, at 8 (windows of 16), and unscaled (windows
-    of 32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone). With the rate
+    rate scaled at 2 to 4 workers (windows of 32 steps; at 4 after a head, of 21: :data:`MAX_ASYNC_LAG`) and,
+    ramped, at 8 (windows of 16), and unscaled (windows of 32); ``window`` is the fit's (None: one commit per pass,
+    which the warning leaves alone). With the rate
     scaled the misses measured are those of the first epoch at 5 to 8 workers (the second ended within the target
     on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned. A fit whose first
     epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them,
@@ -302,10 +330,10 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
             "mode='synchronous', or check the first epochs against a short plain Keras run."
         )
     if scaled:  # the workers train at sqrt(K) times the rate (2 to 4 workers)
-        measured = ("seeds, the driver training the first epoch's first steps) up to 5.5 points behind plain Keras "
-                    "after a first epoch on a GRU trained with Adam (2.0 ahead at another seed) and up to 1.5 on a "
-                    "Conv2D trained with RMSprop (the synchronous default up to 0.9 and 0.4), and within 0.8 points "
-                    "after the second" if head else
+        measured = ("and 5 seeds, the driver training the first epoch's first steps, windows of 21 steps) up to 5.4 "
+                    "points behind plain Keras after a first epoch on a GRU trained with Adam (1.3 on the mean of 5 "
+                    "seeds, 3.2 ahead at another) and up to 1.3 on a Conv2D trained with RMSprop (the synchronous "
+                    "default up to 0.9 and 0.4), and within 1.7 points after the second" if head else
                     "seeds) 2.4 to 8.9 points behind plain Keras after a first epoch on a GRU trained with Adam and "
                     "1.8 to 5.1 on a Conv2D trained with RMSprop, and within 1.2 points after the second (the "
                     "synchronous default: 1.8 behind on both after the first, on average)")
@@ -502,7 +530,7 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
             floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=step_ms,
             commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False,
             workers=num_workers if split else 1, least=round_least(settings.optimizer, model.optimizer, num_workers,
-                                                                     split))
+                                                                     split), lagged=settings.mode != "synchronous")
         window = choice.window
     steps = window or steps_per_pass
     interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0

@@ -7,10 +7,12 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, WARMUP_ROUND_STEPS,
-                               FitPlan, WindowChoice, decide_window, decide_workers, estimate_commit_ms,
-                               estimate_step_ms, measured_costs, plan_fit, round_least, warmup_window)
+from elephant.fit.plan import (MAX_ASYNC_LAG, MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS,
+                               WARMUP_ROUND_STEPS, FitPlan, WindowChoice, decide_window, decide_workers,
+                               estimate_commit_ms, estimate_step_ms, lag_window, measured_costs, plan_fit, round_least,
+                               warmup_window)
 from elephant.optimizers import Compressed, ModelAveraging
+from elephant.optimizers.local import asynchrony_lag
 
 
 def _model(width: int = 8, features: int = 4):
@@ -119,6 +121,36 @@ def test_the_asynchronous_defaults_windows_go_below_its_floor_only_with_a_scaled
     assert measured.window_choice.least == least and measured.window == window  # and on re-check
     synchronous = plan_fit(Settings(mode="synchronous"), model, workers, 64, samples=4_000_000)
     assert synchronous.window == max(8, ROUND_STEPS // workers)  # the synchronous default's floor is 8 either way
+
+
+@pytest.mark.parametrize("workers, window", [
+    (2, 32), (3, 24), (4, 21), (5, 20), (6, 19),  # the lag of 2 workers' windows of 32 steps at most
+    (8, ROUND_STEPS // 8), (16, ROUND_MIN_WINDOW),  # beyond, the round bound is the shorter
+])
+def test_asynchronous_windows_keep_a_workers_lag_within_the_bound(workers, window):
+    longest = lag_window(workers)
+    assert asynchrony_lag(longest, workers) <= MAX_ASYNC_LAG < asynchrony_lag(longest + 1, workers)
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers, lagged=True) == window
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers) == max(
+        ROUND_MIN_WINDOW, min(32, ROUND_STEPS // workers))  # a synchronous round has no lag: the round bound only
+    model = _model(width=512, features=256)
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    plan = plan_fit(Settings(mode="asynchronous"), model, workers, 64, samples=4_000_000)
+    assert plan.window == window and plan.window_choice.lagged
+    assert f"lagging the center by at most {MAX_ASYNC_LAG:g} steps" in plan.window_choice.describe()
+    measured = plan.rechecked([{"steps": 1000, "commits": 50, "seconds": 3.0, "comm_seconds": 2.0}])
+    assert measured.window == window and measured.window_choice.lagged  # and on re-check
+    assert not plan_fit(Settings(mode="synchronous"), model, workers, 64, samples=4_000_000).window_choice.lagged
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_lag_bound_leaves_short_passes_and_the_compiled_rate_alone(workers):
+    # one commit per pass starts every worker from one center; workers at the compiled rate (SGD) keep the floor
+    assert decide_window(32, 12.0, 20.0, 255, 0.05, per_pass=True, workers=workers, lagged=True) is None
+    assert decide_window(32, 12.0, 20.0, 100_000, 0.05, per_pass=True, workers=workers, least=32, lagged=True) == 32
+    model = _model(width=512, features=256)
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+    assert plan_fit(Settings(mode="asynchronous"), model, workers, 64, samples=4_000_000).window == 32
 
 
 def test_the_round_bound_applies_only_when_the_batch_is_split():
@@ -297,8 +329,8 @@ def test_asynchronous_windows_at_many_workers_under_an_adaptive_optimizer_are_wa
         assert f"Spark (8 workers, 3 seeds) {quoted} points behind" in found[0]  # a server in the tasks: the ramp's
     elif warned:
         assert f"at {workers} workers" in found[0] and f"at sqrt({workers}) times its rate" in found[0]
-        assert plan.head_steps and "the driver training the first epoch's first steps) up to 5.5 points" in found[0]
-        assert "within 0.8 points after the second" in found[0]
+        assert plan.head_steps and "first epoch's first steps, windows of 21 steps) up to 5.4 points" in found[0]
+        assert "within 1.7 points after the second" in found[0]
         hosted = plan_fit(Settings(**settings), model(), workers, 64, samples=samples, hosted=True)
         found = [w for w in hosted.warnings(settings["mode"]) if "Asynchronous windows" in w]
         assert not hosted.head_steps and "2.4 to 8.9 points behind" in found[0]  # a server in the tasks: no head
