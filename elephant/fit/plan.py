@@ -58,8 +58,8 @@ ROUND_MIN_WINDOW = 8
 #: last commits, ``(K − 1)/K · window/2`` steps of the center's progress
 #: (:func:`~elephant.optimizers.local.asynchrony_lag`), and the windows keep that lag within this many steps, the
 #: lag of 2 workers' windows of 32 steps. Without it 4 workers' windows of 32 lagged 12 steps, the most of any
-#: count; with it they are 21 steps: a GRU's first epoch in the simulator (Adam, seeds 0-4) went from 2.4, 0.1,
-#: 6.2, 2.9 and 3.4 points behind plain Keras to 1.6, -2.8 (ahead), 5.7, 2.3 and 2.2 (docs/convergence.md).
+#: count; with it they are 21 steps, and a GRU's first epoch (Adam, 4 workers) went from 2.5 to 1.3 points behind
+#: plain Keras on the mean of 5 seeds on Spark, from 2.7 to 2.0 on 9 in the simulator (docs/convergence.md).
 MAX_ASYNC_LAG = 8.0
 #: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
 #: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
