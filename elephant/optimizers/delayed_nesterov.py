@@ -53,11 +53,11 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
     commits every ``window`` steps instead, the window decided from the fit's
     costs (32 to 128 steps, at most 128/K with K workers, below 32 only where
-    the workers' rate is scaled and never below 8: 16 at 8 workers; there also
-    at most the window whose lag behind the center is 8 steps, 21 at 4 workers,
-    ``elephant.fit.plan.MAX_ASYNC_LAG``; 8 commits per pass or more; beyond 4
-    workers short passes take the same windows, measured better than one commit
-    per pass), because one outer step
+    the workers' rate is scaled and never below 8; there also at most the
+    window whose lag behind the center is 6 steps, ``MAX_ASYNC_LAG`` in
+    ``elephant.fit.plan``: 24 at 2 workers, 16 at 4, 13 at 8; 8 commits per
+    pass or more; beyond 4 workers short passes take the same windows, measured
+    better than one commit per pass), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block
     momentum it lands ``1 + β`` times the workers' mean progress away from the
     start. Such windowed fits run without outer momentum
@@ -100,8 +100,8 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
             of the gradient younger by the lag of the asynchronous commits
             (``beta_1`` from the mean age ``b/(1 − b)`` less
             ``(K − 1)/K · window/2`` steps,
-            :class:`~elephant.optimizers.local.LocalMomentum`): 2/3 for the
-            compiled 0.9 at 8 workers committing every 16 steps. None (default)
+            :class:`~elephant.optimizers.local.LocalMomentum`): 0.77 for the
+            compiled 0.9 at 8 workers committing every 13 steps. None (default)
             where the workers' rate is scaled beyond 4 workers (at 2 and 4, with
             windows of 32 steps, it was measured no better), True or False
             forces it.

@@ -17,7 +17,7 @@ from elephant.config import Settings  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402
 from elephant.fit import head  # noqa: E402
 from elephant.fit.loop import settable_learning_rate  # noqa: E402
-from elephant.fit.plan import ROUND_STEPS, plan_fit  # noqa: E402
+from elephant.fit.plan import lag_window, plan_fit  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.optimizers.local import ramped_rates  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
@@ -117,7 +117,7 @@ def test_beyond_four_workers_the_asynchronous_default_ramps_its_factor_only_with
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(ADAM(1e-3), "mse")
     plan = plan_fit(Settings(mode="asynchronous", frequency=frequency), model, 8, 64, samples=samples)
-    assert (plan.window == ROUND_STEPS // 8) == windowed and (plan.window is None) != windowed
+    assert (plan.window == lag_window(8)) == windowed and (plan.window is None) != windowed  # below 128 / 8
     assert plan.learning_rate_scale == pytest.approx(8 ** 0.5 if windowed else 1.0)
     assert plan.head_steps == (min(128, -(-samples // 64) // 2) if windowed else 0) and not plan.learning_rate_warmup
     assert plan.rule.outer.momentum == (0.0 if windowed else None)  # one commit per pass: block momentum 1 - 1/K
