@@ -12,7 +12,7 @@ import pytest
 
 from elephant import SparkModel
 
-from elephant.fit.plan import WARMUP_ROUND_STEPS
+from elephant.fit.plan import WARMUP_ROUND_STEPS, lag_window
 
 from .helpers import accuracy, digits_model, plain_keras_accuracy
 
@@ -60,19 +60,21 @@ def test_beyond_four_workers_the_driver_trains_the_first_epochs_first_steps_and_
     plan = sm.fit_plan
     steps = -(-len(x_train) // 64)
     assert plan["head_steps"] == steps // 2 and not plan["learning_rate_warmup"]
-    assert (plan["warmup_window"], plan["window"]) == (WARMUP_ROUND_STEPS // 8, 16)
+    assert (plan["warmup_window"], plan["window"]) == (WARMUP_ROUND_STEPS // 8, lag_window(8))  # 13 steps
     assert any(f"the first {steps // 2} steps of the first epoch trained on the driver" in r.getMessage()
                for r in caplog.records)
     # the rest of each pass of 21 or 22 steps of 8 samples, at sqrt(8) times the rate from its first step:
-    # commits after 4, 8 and its last step, then after 16 and the last in the second epoch
+    # commits after 4, 8 and its last step, then after 13 and the last in the second epoch
     commits = Counter((key.epoch, key.partition) for key, _ in sm.last_ledger)
     assert commits == {(epoch, p): n for epoch, n in ((0, 3), (1, 2)) for p in range(8)}
     assert all(rate == pytest.approx(1e-3 * 8 ** 0.5, rel=1e-5) for rate in sm.last_report.learning_rates[0].values())
     assert int(sm.model.optimizer.iterations) == steps // 2  # the user's optimizer took the head's steps
-    # the workers' Adam keeps a running mean 7/8 of half a window younger (momentum_scaling): 9 - 7 = 2 steps old
-    assert plan["local_momentum"]["decay"] == pytest.approx(2 / 3, abs=1e-5) and plan["local_momentum"]["lag"] == 7.0
+    # the workers' Adam keeps a running mean 7/8 of half a window younger (momentum_scaling): 9 - 5.6875 steps old
+    lag = 7 / 8 * 13 / 2
+    assert plan["local_momentum"]["lag"] == pytest.approx(lag)
+    assert plan["local_momentum"]["decay"] == pytest.approx((9 - lag) / (10 - lag), abs=1e-5)  # 0.768116
     assert float(sm.model.optimizer.beta_1) == pytest.approx(0.9)  # the user's optimizer keeps its own
-    assert any("beta_1 0.666667 instead of 0.9" in r.getMessage() for r in caplog.records)
+    assert any("beta_1 0.768116 instead of 0.9" in r.getMessage() for r in caplog.records)
 
 
 def test_what_the_defaults_add_can_be_switched_off(spark, digits, caplog):
