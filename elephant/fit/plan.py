@@ -60,7 +60,7 @@ ROUND_MIN_WINDOW = 8
 #: 24 at 2 workers, 16 at 4, 13 at 8 (the round bound's 32 and 16 lagged 12 and 7 steps). A GRU's first epoch
 #: (Adam) at 4 workers went from 2.5 points behind plain Keras on the mean of 5 Spark seeds (windows of 32) to
 #: 1.3 (21, a lag of 8) and 0.4 (16), the worst seed from 5.5 to 2.3; at 8 workers in the simulator from 2.7
-#: to 0.6 (3 seeds); at 2 workers no window from 16 to 32 moved it beyond noise (docs/convergence.md).
+#: to 0.6 (3 seeds); at 2 workers the worst of 3 Spark seeds from 6.2 to 2.5 (docs/convergence.md).
 MAX_ASYNC_LAG = 6.0
 #: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
 #: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
