@@ -310,9 +310,10 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
         return (
             f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
             "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
-            "seeds, the driver training the first epoch's first steps) up to 3.9 points behind plain Keras after a "
-            "first epoch on a GRU trained with Adam (3.5 ahead at another seed) and up to 0.7 on a Conv2D trained "
-            "with RMSprop (the synchronous default up to 0.5 and 1.0), and level or above after the second. For "
+            "seeds, the driver training the first epoch's first steps) up to 3.6 points behind plain Keras after a "
+            "first epoch on a GRU trained with Adam (1.5 ahead at another seed; windows of 13 steps) and up to 0.7 "
+            "on a Conv2D trained with RMSprop (windows of 16; the synchronous default up to 0.5 and 1.0), and level "
+            "or above after the second. For "
             "one-epoch fits (two beyond 8 workers, where the second was not measured) prefer mode='synchronous', "
             "or check the first epochs against a short plain Keras run."
         )
