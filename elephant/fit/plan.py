@@ -17,11 +17,12 @@ from elephant.config import Settings
 from elephant.fit.head import head_steps
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
-from elephant.optimizers.local import MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, LocalMomentum, adapts_step_size
+from elephant.optimizers.local import (MAX_ASYNC_LAG, MAX_SCALED_WORKERS, RAMP_STEPS, LocalMoment, LocalMomentum,
+                                       adapts_step_size, lag_window)
 
-__all__ = ["COSTS", "MAX_ASYNC_LAG", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
+__all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "FitPlan", "WindowChoice",
            "block_momentum_warning", "decide_window", "decide_workers", "estimate_commit_ms", "estimate_step_ms",
-           "lag_window", "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
+           "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
            "warmup_window", "window_cap"]
 
 #: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
@@ -53,15 +54,6 @@ ROUND_STEPS = 128
 #: (docs/convergence.md). Its workers at the compiled rate (SGD) keep the floor: a one-epoch SGD Conv1D at
 #: 16 workers was 6.9 points behind with windows of 8 and 1.3 with 32.
 ROUND_MIN_WINDOW = 8
-#: Accuracy's bound on an asynchronous fit's decided windows where its workers train at a scaled rate (down to
-#: ``ROUND_MIN_WINDOW``): a worker starts each window from a center that lacks what the others trained since their
-#: last commits, ``(K − 1)/K · window/2`` steps of the center's progress
-#: (:func:`~elephant.optimizers.local.asynchrony_lag`), and the windows keep that lag within this many steps:
-#: 24 at 2 workers, 16 at 4, 13 at 8 (the round bound's 32 and 16 lagged 12 and 7 steps). A GRU's first epoch
-#: (Adam) at 4 workers went from 2.5 points behind plain Keras on the mean of 5 Spark seeds (windows of 32) to
-#: 1.3 (21, a lag of 8) and 0.4 (16), the worst seed from 5.5 to 2.3; at 8 workers in the simulator from 2.7
-#: to 0.6 (3 seeds); at 2 workers the worst of 3 Spark seeds from 6.2 to 2.5 (docs/convergence.md).
-MAX_ASYNC_LAG = 6.0
 #: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
 #: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
 #: (at least 1), as large-batch training warms up before local steps grow (post-local SGD). Early steps move the
@@ -122,12 +114,6 @@ def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_P
     if lagged and workers > 1:
         bound = min(bound, lag_window(workers))
     return max(min(floor, least), min(per_pass, bound))
-
-
-def lag_window(workers: int, max_lag: float = MAX_ASYNC_LAG) -> int:
-    """The longest window whose asynchrony lag (``(K − 1)/K · window/2`` steps with ``K`` = ``workers`` > 1) is at
-    most ``max_lag`` steps: 24 at 2 workers, 16 at 4, 13 at 8."""
-    return int(2.0 * max_lag * workers / (workers - 1))
 
 
 def measured_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:

@@ -55,7 +55,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     costs (32 to 128 steps, at most 128/K with K workers, below 32 only where
     the workers' rate is scaled and never below 8; there also at most the
     window whose lag behind the center is 6 steps, ``MAX_ASYNC_LAG`` in
-    ``elephant.fit.plan``: 24 at 2 workers, 16 at 4, 13 at 8; 8 commits per
+    ``elephant.optimizers.local``: 24 at 2 workers, 16 at 4, 13 at 8; 8 commits per
     pass or more; beyond 4 workers short passes take the same windows, measured
     better than one commit per pass), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block

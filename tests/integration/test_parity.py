@@ -12,7 +12,8 @@ import pytest
 
 from elephant import SparkModel
 
-from elephant.fit.plan import WARMUP_ROUND_STEPS, lag_window
+from elephant.fit.plan import WARMUP_ROUND_STEPS
+from elephant.optimizers.local import lag_window
 
 from .helpers import accuracy, digits_model, plain_keras_accuracy
 

@@ -7,12 +7,11 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_ASYNC_LAG, MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS,
-                               WARMUP_ROUND_STEPS, FitPlan, WindowChoice, decide_window, decide_workers,
-                               estimate_commit_ms, estimate_step_ms, lag_window, measured_costs, plan_fit, round_least,
-                               warmup_window)
+from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, WARMUP_ROUND_STEPS,
+                               FitPlan, WindowChoice, decide_window, decide_workers, estimate_commit_ms,
+                               estimate_step_ms, measured_costs, plan_fit, round_least, warmup_window)
 from elephant.optimizers import Compressed, ModelAveraging
-from elephant.optimizers.local import asynchrony_lag
+from elephant.optimizers.local import MAX_ASYNC_LAG, asynchrony_lag, lag_window
 
 
 def _model(width: int = 8, features: int = 4):

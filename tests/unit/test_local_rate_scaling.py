@@ -17,9 +17,9 @@ from elephant.config import Settings  # noqa: E402
 from elephant.errors import ConfigError  # noqa: E402
 from elephant.fit import head  # noqa: E402
 from elephant.fit.loop import settable_learning_rate  # noqa: E402
-from elephant.fit.plan import lag_window, plan_fit  # noqa: E402
+from elephant.fit.plan import plan_fit  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
-from elephant.optimizers.local import ramped_rates  # noqa: E402
+from elephant.optimizers.local import lag_window, ramped_rates  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
 
 ADAM, RMSPROP, SGD = keras.optimizers.Adam, keras.optimizers.RMSprop, keras.optimizers.SGD
