@@ -82,7 +82,7 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     ``floor`` (the window the small workloads were measured at) and at most
     ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
     the global batch, ``ROUND_STEPS / workers`` and, for ``lagged`` (asynchronous)
-    windows, the window whose lag is :data:`MAX_ASYNC_LAG` steps (fewer
+    windows, the window whose lag is :data:`~elephant.optimizers.local.MAX_ASYNC_LAG` steps (fewer
     synchronisations lose accuracy; a pass shorter than ``floor * min_syncs`` keeps
     ``floor``; the round and lag bounds may go below the floor down to ``least``). Where the
     budget needs a longer window than that, accuracy wins and the fit spends more
@@ -106,9 +106,9 @@ def window_cap(floor: int, steps_per_pass: int, min_syncs: int = MIN_SYNCS_PER_P
                max_window: int = MAX_WINDOW, workers: int = 1, least: int = ROUND_MIN_WINDOW,
                lagged: bool = False) -> int:
     """The longest window accuracy allows: ``max_window`` and ``min_syncs`` per pass, never below ``floor``, and
-    ``ROUND_STEPS`` over the ``workers`` that split the batch (and, ``lagged``, :func:`lag_window`), never below
-    ``floor`` or ``least``, whichever is less (``least``: :data:`ROUND_MIN_WINDOW` where the workers' rate is
-    scaled, else the rule's floor)."""
+    ``ROUND_STEPS`` over the ``workers`` that split the batch (and, ``lagged``,
+    :func:`~elephant.optimizers.local.lag_window`), never below ``floor`` or ``least``, whichever is less
+    (``least``: :data:`ROUND_MIN_WINDOW` where the workers' rate is scaled, else the rule's floor)."""
     per_pass = max(floor, min(max_window, steps_per_pass // max(min_syncs, 1)))
     bound = ROUND_STEPS // max(workers, 1)
     if lagged and workers > 1:
@@ -157,7 +157,7 @@ class WindowChoice:
         least: the least window the round bound gives a rule whose floor is above it
             (:data:`ROUND_MIN_WINDOW` where the workers train at a scaled rate, else the floor).
         lagged: whether the workers commit without a barrier (asynchronously), so that the windows
-            are bounded by their lag too (:data:`MAX_ASYNC_LAG`).
+            are bounded by their lag too (:data:`~elephant.optimizers.local.MAX_ASYNC_LAG`).
     """
 
     window: int | None
@@ -275,9 +275,9 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
     Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
-    rate scaled at 2 to 4 workers (windows of 32 steps; at 4 after a head, of 16: :data:`MAX_ASYNC_LAG`) and,
-    ramped, at 8 (windows of 16), and unscaled (windows of 32); ``window`` is the fit's (None: one commit per pass,
-    which the warning leaves alone). With the rate
+    rate scaled at 2 to 4 workers (windows of 32 steps; at 4 after a head, of 16:
+    :data:`~elephant.optimizers.local.MAX_ASYNC_LAG`) and, ramped, at 8 (windows of 16), and unscaled (windows of
+    32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone). With the rate
     scaled the misses measured are those of the first epoch at 5 to 8 workers (the second ended within the target
     on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned. A fit whose first
     epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them,
