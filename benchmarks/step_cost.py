@@ -47,8 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 
 
-#: The teacher MLPs of ``workloads.py``: input features and hidden width.
-SHAPES = {5: (128, 1024), 19: (256, 2048)}
+#: The teacher MLPs of ``workloads.py`` by their megabytes.
+WORKLOADS = {5: "teacher-mlp-5mb", 19: "teacher-mlp-19mb"}
 
 
 def _one(batch: int, threads: int, optimizer: str, steps: int, mb: int = 5) -> float:
@@ -59,12 +59,10 @@ def _one(batch: int, threads: int, optimizer: str, steps: int, mb: int = 5) -> f
 
     limit_threads(threads)  # as a worker of a task with ``threads`` cores caps them
     import keras
+    import workloads
 
-    keras.utils.set_random_seed(0)
-    features, width = SHAPES[mb]
-    dense = keras.layers.Dense
-    model = keras.Sequential([keras.Input((features,)), dense(width, activation="relu"),
-                              dense(width, activation="relu"), dense(10, activation="softmax")])
+    model = workloads.make(WORKLOADS[mb]).build(0)  # the workload's MLP from seed 0's weights
+    features = model.input_shape[-1]
     opt = keras.optimizers.Adam(1e-3) if optimizer == "adam" else keras.optimizers.SGD(1e-3)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
@@ -113,11 +111,9 @@ def main(args) -> None:
             line += f"; two at once {both * 1e3:6.2f} ms/step: {both / p:.2f}x"
         rows.append(row)
         print(line, flush=True)
-    features, width = SHAPES[args.mb]
-    params = features * width + width + width * width + width + width * 10 + 10
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%d %H:%M"), "batch": args.batch, "threads": args.threads, "steps": args.steps,
-            "model": f"{features}-{width}-{width}-10 MLP, {params / 1e6:.2f}M parameters ({params * 4 / 1e6:.1f} MB)"}
+            "model": f"{WORKLOADS[args.mb]} of benchmarks/workloads.py"}
     os.makedirs(RESULTS, exist_ok=True)
     name = "step_cost" + ("" if args.mb == 5 else f"_{args.mb}mb") + ("_pair" if args.pair else "") + ".json"
     with open(os.path.join(RESULTS, name), "w") as f:
@@ -133,6 +129,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--mb", type=int, choices=sorted(SHAPES), default=5, help="the teacher MLP: 4.8 or 19 MB")
+    parser.add_argument("--mb", type=int, choices=sorted(WORKLOADS), default=5, help="the teacher MLP: 4.8 or 19 MB")
     parser.add_argument("--pair", action="store_true", help="also time two workers at once")
     main(parser.parse_args())

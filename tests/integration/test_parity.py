@@ -13,7 +13,7 @@ import pytest
 from elephant import SparkModel
 
 from elephant.fit.plan import WARMUP_ROUND_STEPS
-from elephant.optimizers.local import lag_window
+from elephant.optimizers.local import asynchrony_lag, lag_window
 
 from .helpers import accuracy, digits_model, plain_keras_accuracy
 
@@ -71,7 +71,7 @@ def test_beyond_four_workers_the_driver_trains_the_first_epochs_first_steps_and_
     assert all(rate == pytest.approx(1e-3 * 8 ** 0.5, rel=1e-5) for rate in sm.last_report.learning_rates[0].values())
     assert int(sm.model.optimizer.iterations) == steps // 2  # the user's optimizer took the head's steps
     # the workers' Adam keeps a running mean 7/8 of half a window younger (momentum_scaling): 9 - 5.6875 steps old
-    lag = 7 / 8 * 13 / 2
+    lag = asynchrony_lag(lag_window(8), 8)  # 7/8 * 13/2
     assert plan["local_momentum"]["lag"] == pytest.approx(lag)
     assert plan["local_momentum"]["decay"] == pytest.approx((9 - lag) / (10 - lag), abs=1e-5)  # 0.768116
     assert float(sm.model.optimizer.beta_1) == pytest.approx(0.9)  # the user's optimizer keeps its own

@@ -102,7 +102,7 @@ def test_below_its_floor_the_round_bound_goes_only_as_far_as_least(workers):
 
 @pytest.mark.parametrize("local, workers, least, window", [
     ("adam", 16, ROUND_MIN_WINDOW, ROUND_MIN_WINDOW),  # scaled, ramped: windows bounded by the round
-    ("adam", 8, ROUND_MIN_WINDOW, 13),  # the lag bound: 16 * 8 / 7 steps
+    ("adam", 8, ROUND_MIN_WINDOW, 13),  # the lag bound: 12 * 8 / 7 steps
     ("sgd", 16, 32, 32),  # the compiled rate: the asynchronous default keeps its floor
     ("sgd", 8, 32, 32),
     ("adam", 64, ROUND_MIN_WINDOW, ROUND_MIN_WINDOW),
