@@ -23,7 +23,6 @@ from typing import Any
 from elephant import data as D
 from elephant import framework, gpu, session
 from elephant.config import FitArgs, Settings
-from elephant.errors import DataError
 from elephant.fit import hosted
 from elephant.fit.epoch import collect_checked
 from elephant.fit.head import partition_head
@@ -56,7 +55,7 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
                 summary = collect_checked(
                     rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), D.shape_summary(b)) for b in it]]).collect)
             rdd.elephant_samples = D.checked_samples(model, [s[0] for s in summary if s])
-        except DataError:
+        except BaseException:  # bad data, or Ctrl-C while the job ran: nothing stays cached
             release(rdd)
             raise
     else:
@@ -100,17 +99,24 @@ def _hostable(optimizer) -> bool:
 class ClassicRun:
     """The Spark side of a fit in a classic session (see the module's docstring)."""
 
-    def __init__(self, model, settings: Settings, spark, data: Source, args: FitArgs):
+    def __init__(self, model, settings: Settings, spark, data: Source, args: FitArgs, job_group: str):
         self.sc = spark.sparkContext
         self.settings = settings
         framework.ship(self.sc, framework.current_backend())  # before the first job: its Python workers are the fit's
         self.conf = dict(self.sc.getConf().getAll())  # read once: each getConf() is ~27 ms of Py4J calls
         self.devices = gpu.describe_request(self.conf)
-        self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
+        self._group = job_group  # every job of the fit runs in it, from the data's check on: Ctrl-C cancels them all
+        self.sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
+        try:
+            with self.guard():
+                self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
+        except BaseException:
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+            raise
         self.samples = self.rdd.elephant_samples
         self._servers: list[Any] = []
         self._processes = None  # the ShardedStore whose shards serve from processes
-        self._broadcast, self._group = None, None
+        self._broadcast = None
         #: Whether the epoch's tasks host the parameter server (else the driver does; it may be sharded).
         self.hosted = settings.ps_placement == "executors"
         self._max_bodies: list[int] = []
@@ -133,7 +139,7 @@ class ClassicRun:
     def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
         """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: one job over
         the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``."""
-        with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"):
+        with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"), self.guard():
             heads = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size))
             found = collect_checked(heads.collect)
         return [part for _, part in sorted(found, key=lambda item: item[0])]
@@ -152,8 +158,6 @@ class ClassicRun:
 
         sc = self.sc
         self._broadcast = sc.broadcast(model_bytes)
-        self._group = job_group
-        sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
         self._ports = session.ps_ports(sc)
         if self.hosted:  # the epochs' tasks start the servers, and say where in each epoch
             self._max_bodies = hosted.max_bodies(store)

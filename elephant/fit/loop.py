@@ -99,7 +99,7 @@ def run_fit(model, settings: Settings, args: FitArgs, x, y, *, spark: Callable[[
 
         runner = HostedRun(model, settings, connect, data, args)
     else:
-        runner = ClassicRun(model, settings, spark(), data, args)
+        runner = ClassicRun(model, settings, spark(), data, args, report.job_group)
     try:
         return _train(model, settings, args, runner, custom_objects or {}, report)
     finally:

@@ -170,27 +170,107 @@ def test_on_failure_keep_keeps_the_partial_progress(spark, digits, monkeypatch):
     assert any((a != b).any() for a, b in zip(before, sm.model.get_weights(), strict=True))
 
 
-def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):
-    """T04: Ctrl-C in a notebook or script while a fit runs."""
+def _send_ctrl_c_when(ready, stop, poll=0.02):
+    """A thread that sends Ctrl-C (SIGINT) to this process once ``ready()`` holds, unless ``stop`` is set first."""
     import os
     import signal
     import time
 
+    sent = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if ready():
+                sent.at = time.monotonic()
+                sent.set()
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(poll)
+
+    threading.Thread(target=watch, name="test-ctrl-c", daemon=True).start()
+    return sent
+
+
+def _tasks_running(sc) -> bool:
+    """Whether a task of some active Spark job is running now."""
+    tracker = sc.statusTracker()
+    for job in tracker.getActiveJobsIds():
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info is not None else ():
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is not None and stage_info.numActiveTasks > 0:
+                return True
+    return False
+
+
+def _no_jobs_within(sc, seconds: float) -> list:
+    """The active job ids once none are left or ``seconds`` have passed (a cancel ends on Spark's event thread)."""
+    import time
+
+    tracker, deadline = sc.statusTracker(), time.monotonic() + seconds
+    while list(tracker.getActiveJobsIds()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return list(tracker.getActiveJobsIds())
+
+
+def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):
+    """T04: Ctrl-C in a notebook or script while a fit runs: sent once the second epoch's tasks are training."""
+    import time
+
+    import keras
+
     x_train, _, y_train, _ = digits
+    sc, stop, sent, ended = spark.sparkContext, threading.Event(), [], []
+
+    def second_epoch_begins(epoch, logs):
+        if epoch == 1:
+            sent.append(_send_ctrl_c_when(lambda: _tasks_running(sc), stop))
+
     sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
-    timer = threading.Timer(6.0, os.kill, args=(os.getpid(), signal.SIGINT))
-    started = time.monotonic()
-    timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            sm.fit(x_train, y_train, epochs=500, batch_size=8, verbose=0)  # far longer than the timer
+            sm.fit(x_train, y_train, epochs=500, batch_size=8, verbose=0,  # minutes, unless interrupted
+                   callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=second_epoch_begins,
+                                                              on_epoch_end=lambda epoch, logs: ended.append(epoch))])
+        returned = time.monotonic()
     finally:
-        timer.cancel()
-    assert time.monotonic() - started < 6.0 + 20
+        stop.set()
+    assert sent and sent[0].is_set()
+    assert returned - sent[0].at < 30  # the running epoch was cancelled, not waited for
+    assert ended == [0]  # the first epoch ended; the second was interrupted
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
-    deadline = time.monotonic() + 30
-    while list(spark.sparkContext.statusTracker().getActiveJobsIds()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert list(spark.sparkContext.statusTracker().getActiveJobsIds()) == []
+    assert _no_jobs_within(sc, 30) == []
+    sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the session still trains
+
+
+def test_ctrl_c_during_fit_start_cancels_its_job_and_leaves_nothing_behind(spark, digits, tmp_path):
+    """Ctrl-C while the fit checks and caches its data, before its server is up: a plain KeyboardInterrupt."""
+    x_train, _, y_train, _ = digits
+    started, release = tmp_path / "started", tmp_path / "release"
+
+    def held(record):  # the check job's tasks wait here until the test releases them (or a minute passes)
+        import time
+
+        started.touch()
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return record
+
+    sc, stop = spark.sparkContext, threading.Event()
+    records = sc.parallelize(list(zip(x_train[:400], y_train[:400].astype("int64"))), 2).map(held)
+    cached_before = set(sc._jsc.getPersistentRDDs().keySet())
+    sent = _send_ctrl_c_when(started.exists, stop)
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sm.fit(records, epochs=1, batch_size=32, verbose=0)
+        assert sent.is_set() and sm.ps_url is None  # interrupted before the server started
+        assert _no_jobs_within(sc, 30) == []  # cancelled: its tasks would have held on for a minute
+    finally:
+        stop.set()
+        release.touch()
+    assert set(sc._jsc.getPersistentRDDs().keySet()) == cached_before  # the fit's cache was released
+    assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the session still trains

@@ -1,4 +1,8 @@
-"""A pruned trial gives back its Spark jobs, parameter server and cached blocks within a second of the decision."""
+"""A pruned trial gives back its Spark jobs, parameter server and cached blocks at the decision.
+
+At once, not after the fit's other epochs: no job of the trial's group starts after the decision. The time
+bound only keeps the watcher from polling forever; it leaves room for a loaded machine.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from elephant.search_job import FitJob
 from .test_search import small_model
 from .test_search_resume import PruneAt
 
-RELEASE_S = 1.0
+RELEASE_S = 10.0
 
 
 def _ps_threads() -> list[str]:
@@ -27,7 +31,7 @@ def _active_jobs(sc, group: str) -> list[int]:
             if (info := tracker.getJobInfo(j)) is not None and info.status in ("RUNNING", "UNKNOWN")]
 
 
-def test_a_pruned_trial_releases_its_job_group_server_and_cached_blocks_within_a_second(spark, digits, monkeypatch):
+def test_a_pruned_trial_releases_its_job_group_server_and_cached_blocks_at_the_decision(spark, digits, monkeypatch):
     x_train, x_test, y_train, y_test = digits
     offsets = np.arange(0, x_train.size + 1, 64, dtype=np.int32)
     features = pa.ListArray.from_arrays(pa.array(offsets), pa.array(x_train.ravel()))
@@ -38,7 +42,7 @@ def test_a_pruned_trial_releases_its_job_group_server_and_cached_blocks_within_a
     report = FitJob.report
 
     def watch(group: str) -> None:  # polls from the decision until all three are released
-        while time.monotonic() - seen["decided"] < 5 * RELEASE_S:
+        while time.monotonic() - seen["decided"] < RELEASE_S:
             state = (_active_jobs(sc, group), _ps_threads(), sc._jsc.getPersistentRDDs().size())
             if not state[0] and not state[1] and state[2] <= cached_before:
                 seen["released"] = time.monotonic()
@@ -66,5 +70,5 @@ def test_a_pruned_trial_releases_its_job_group_server_and_cached_blocks_within_a
     assert [t.status for t in result.trials] == ["pruned"] and result.trials[0].epochs == 1
     group, cached, servers, jobs = seen["held"]
     assert cached > cached_before and servers and jobs, seen["held"]  # all three were held at the decision
-    assert "released" in seen, f"not released {5 * RELEASE_S:.0f}s after the decision: {seen.get('last')}"
-    assert seen["released"] - seen["decided"] < RELEASE_S, seen["released"] - seen["decided"]
+    assert "released" in seen, f"not released {RELEASE_S:.0f}s after the decision: {seen.get('last')}"
+    assert sorted(sc.statusTracker().getJobIdsForGroup(group)) == sorted(jobs)  # no job of a later epoch ever started
