@@ -11,16 +11,13 @@ module            concern
 ``backup``        ``BackupAndRestore`` through elephant's checkpoints
 ``classic``       the Spark side in a classic session (server on the driver)
 ``connect``       the Spark side under Spark Connect (server in a task)
+``runner``        the interface both Spark sides implement
 ``simulated``     a whole fit played in one process (no Spark, no HTTP)
 ``report``        what a fit reports back (:class:`FitReport`)
 ================  ===========================================================
 
-The two Spark sides share one small interface: ``num_workers``, ``samples``,
-``val``           and ``hosted`` (the server lives in a task) after construction, then
-``barrier(mode)``, ``check_slots()``, ``open(store, token, job_group,
-model_bytes)`` (the tasks' model bytes and the servers' urls, one per shard),
-``job(store, barrier)`` (one try of an epoch), ``guard()``, ``cancel()`` and
-``close()``.
+The two Spark sides (``classic`` and ``connect``) implement one interface,
+:class:`~elephant.fit.runner.SparkSide` (``runner``).
 
 Importing the package costs nothing: each module is imported where it is used.
 """

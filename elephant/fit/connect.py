@@ -128,6 +128,11 @@ class HostedRun:
         rows = collect_checked(self.df.mapInArrow(summary, "summary string").collect)
         return D.checked_samples(model, [part for part in (json.loads(row[0]) for row in rows) if part])
 
+    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
+        """Never asked for: a fit whose tasks host the server trains no head (:func:`elephant.fit.plan.plan_fit`)."""
+        raise NotImplementedError("under Spark Connect the parameter server runs in the epoch's tasks, and such a fit "
+                                  f"trains no head on the driver; received a request for {steps} head steps")
+
     def barrier(self, mode: str) -> bool:
         """Every epoch is one barrier stage here, in every mode (its task 0 hosts the server)."""
         return True

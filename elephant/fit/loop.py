@@ -32,6 +32,7 @@ from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
                                    task_devices, validates_after)
 from elephant.fit.report import FitReport
+from elephant.fit.runner import SparkSide
 from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.local import inner_optimizer, settable_rate
@@ -97,7 +98,7 @@ def run_fit(model, settings: Settings, args: FitArgs, x, y, *, spark: Callable[[
     if connect is not None:  # a Spark Connect client: the server is hosted by a task
         from elephant.fit.connect import HostedRun
 
-        runner = HostedRun(model, settings, connect, data, args)
+        runner: SparkSide = HostedRun(model, settings, connect, data, args)
     else:
         runner = ClassicRun(model, settings, spark(), data, args, report.job_group)
     try:
@@ -143,12 +144,12 @@ def follow_learning_rate(local, previous: float | None, store) -> float | None:
     return rate
 
 
-def _start(model, settings: Settings, args: FitArgs, runner, backend: str) -> FitPlan:
+def _start(model, settings: Settings, args: FitArgs, runner: SparkSide, backend: str) -> FitPlan:
     """Check the cluster (its task slots, its GPUs for ``backend``), plan the fit and log the plan and its warnings."""
     runner.check_slots()
     runner.check_devices(backend)
     plan = plan_fit(settings, model, runner.num_workers, args.batch_size, runner.samples,
-                    hosted=getattr(runner, "hosted", False))
+                    hosted=runner.hosted)
     epochs = args.epochs - args.initial_epoch
     for warning in plan.warnings(settings.mode, epochs) + [batch_hook_warning(args.callbacks)]:
         if warning:
@@ -184,7 +185,7 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
     return rechecked
 
 
-def _train(model, settings: Settings, args: FitArgs, runner, custom_objects, report: FitReport):
+def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_objects, report: FitReport):
     """The epochs of a fit whose data ``runner`` holds: server, callbacks, validation, backups."""
     mode, epochs, samples = settings.mode, args.epochs, runner.samples
     val = tuple(args.validation_data) if args.validation_data is not None else runner.val
