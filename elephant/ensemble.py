@@ -272,7 +272,7 @@ class Ensemble:
 
         from elephant import session
         from elephant.search import FitJob, cancel_all, check_positive, plan_workers
-        from elephant.search_space import build_params, elephant_settings, route
+        from elephant.search.space import build_params, elephant_settings, route
 
         check_positive("n", n, allow_none=False, integer=True)
         check_positive("parallelism", parallelism, allow_none=False, integer=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from elephant.search import hp, minimize
-from elephant.search_job import FitJob
+from elephant.search.job import FitJob
 
 from .test_search import small_model
 from .test_search_resume import PruneAt

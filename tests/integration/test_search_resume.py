@@ -31,7 +31,7 @@ def _ps_threads():
 def test_pruned_trial_then_a_stopped_driver_resumes_from_the_trials_backup(spark, digits, tmp_path, monkeypatch):
     import keras
 
-    from elephant.search_job import FitJob
+    from elephant.search.job import FitJob
 
     x_train, x_test, y_train, y_test = digits
     journal = str(tmp_path / "sweep.journal")

@@ -25,8 +25,7 @@ LAYERS = [
     ("Keras worker", ["worker", "replicas", "backends", "framework", "gpu"]),
     ("Spark", ["session", "launch", "warmup", "daemon"]),
     ("inputs, fit and inference", ["sources", "fit", "fit.*", "inference"]),
-    ("façades", ["spark_model", "search", "search_space", "search_compile", "search_study", "search_result",
-                 "search_job", "search_engine", "search_mlflow", "ensemble"]),
+    ("façades", ["spark_model", "search", "search.*", "ensemble"]),
     ("Spark ML and the package", ["ml", ""]),
 ]
 

@@ -310,7 +310,7 @@ ConnectStub.__module__ = "pyspark.sql.connect.session"
 
 
 def test_a_connect_trial_is_cancelled_through_its_tags():
-    from elephant.search_job import FitJob
+    from elephant.search.job import FitJob
 
     spark = ConnectStub()
     job = FitJob(spark, "trial3")

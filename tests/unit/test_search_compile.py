@@ -12,9 +12,9 @@ from hyperopt.pyll import scope
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from elephant.errors import ConfigError
-from elephant.search_compile import CallableSpace, compile_space
-from elephant.search_engine import resolve_sampler
-from elephant.search_study import HyperoptAlgo, artifacts_for, get_pruner, get_sampler, get_storage
+from elephant.search.compile import CallableSpace, compile_space
+from elephant.search.engine import resolve_sampler
+from elephant.search.study import HyperoptAlgo, artifacts_for, get_pruner, get_sampler, get_storage
 
 
 def _distributions(space):

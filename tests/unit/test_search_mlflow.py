@@ -7,7 +7,7 @@ import pytest
 
 from elephant.errors import ConfigError
 from elephant.search import hp, run_search
-from elephant.search_mlflow import MlflowTracker, flatten, tracking_uri_for
+from elephant.search.tracking import MlflowTracker, flatten, tracking_uri_for
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -12,9 +12,9 @@ from optuna.trial import TrialState
 
 from elephant.errors import ConfigError
 from elephant.search import hp, minimize, run_search
-from elephant.search_compile import compile_space
-from elephant.search_job import FitJob
-from elephant.search_study import BACKUP_DIR, INTERRUPTED, RESUMED_FROM
+from elephant.search.compile import compile_space
+from elephant.search.job import FitJob
+from elephant.search.study import BACKUP_DIR, INTERRUPTED, RESUMED_FROM
 
 SPACE = {"x": hp.uniform("x", -2.0, 2.0)}
 
@@ -359,7 +359,7 @@ def test_plotly_figures_are_written_as_interactive_pages(swept, tmp_path, kind):
 def test_plot_errors(swept, monkeypatch):
     import sys
 
-    from elephant.search_result import SearchResult
+    from elephant.search.result import SearchResult
 
     with pytest.raises(ConfigError, match=r"`kind` must be one of \['history', 'intermediate', .*received kind='pie'"):
         swept.plot("pie")

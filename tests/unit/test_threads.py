@@ -67,7 +67,7 @@ def _pools() -> list[tuple[str, ast.AST, ast.Call]]:
 def test_the_search_finds_elephants_threads_and_pools():
     threads = {module for module, _ in _threads()}
     assert {"warmup.py", "fit/progress.py", "ps/server.py", "ps/gate.py", "session.py"} <= threads
-    assert {"ps/http.py", "worker.py", "search_engine.py", "ensemble.py"} <= {module for module, _, _ in _pools()}
+    assert {"ps/http.py", "worker.py", "search/engine.py", "ensemble.py"} <= {module for module, _, _ in _pools()}
 
 
 @pytest.mark.parametrize("module, call", _threads(), ids=lambda v: v if isinstance(v, str) else "")

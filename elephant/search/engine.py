@@ -2,7 +2,7 @@
 
 :func:`run_search` owns ask and tell: whenever one of ``parallelism`` slots is
 free, the calling thread asks the study for a trial, suggests the space's
-labels on it (:mod:`elephant.search_compile`) and submits
+labels on it (:mod:`elephant.search.compile`) and submits
 ``objective(point, job)`` to a thread pool; when the trial's thread returns it
 tells the study COMPLETE, PRUNED or FAIL. Trial threads only report: each
 epoch end calls ``job.report(epoch, logs)``, which records the metric at step
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.search_compile import CallableSpace, compile_space
-from elephant.search_job import POLL_S, FitJob, cancel_all
-from elephant.search_result import SearchResult, Trial
-from elephant.search_study import (BACKUP_DIR, INTERRUPTED, RESUMED_FROM, HyperoptAlgo, continued_seed, get_pruner,
+from elephant.search.compile import CallableSpace, compile_space
+from elephant.search.job import POLL_S, FitJob, cancel_all
+from elephant.search.result import SearchResult, Trial
+from elephant.search.study import (BACKUP_DIR, INTERRUPTED, RESUMED_FROM, HyperoptAlgo, continued_seed, get_pruner,
                                    get_sampler, get_storage, open_study)
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ MLFLOW_RUN_ID = "elephant.mlflow_run_id"  # the trial's child run, when the sear
 
 
 def resolve_sampler(sampler: Any = "tpe", algo: Any = None, *, seed: int | None = None, conditional: bool = False):
-    """``sampler`` (see :func:`elephant.search_study.get_sampler`), or hyperopt's ``algo`` as before.
+    """``sampler`` (see :func:`elephant.search.study.get_sampler`), or hyperopt's ``algo`` as before.
 
     ``algo="tpe"``, ``"rand"``, ``"anneal"`` or a hyperopt suggest function
     means ``sampler="hyperopt-tpe"`` and so on.
@@ -150,7 +150,7 @@ def run_search(objective: Callable[[dict, Any], Mapping[str, Any]], space: Any, 
     trial failed. A trial past its deadline gets ``job.cancel()`` every 0.2 s
     until its thread returns (status ``"timeout"``). Finished trials already in
     ``storage``'s study count toward ``max_evals``. ``tracker`` gets each
-    trial's start, epochs and end (:mod:`elephant.search_mlflow`). Returns
+    trial's start, epochs and end (:mod:`elephant.search.tracking`). Returns
     once every trial thread has ended.
     """
     import optuna

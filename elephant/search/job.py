@@ -1,6 +1,6 @@
 """A trial's handle: one cancellable elephant fit that reports its epoch ends to the search.
 
-Used by :mod:`elephant.search_engine` for trials and by :mod:`elephant.ensemble`
+Used by :mod:`elephant.search.engine` for trials and by :mod:`elephant.ensemble`
 for members: each fit runs in its own driver thread and Spark job group.
 """
 

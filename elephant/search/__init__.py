@@ -1,11 +1,23 @@
 """Hyperparameter search whose trials are elephant fits, recorded in an Optuna study.
 
 :func:`minimize` is the Spark façade: it checks its arguments and the space
-before Spark starts, then runs :func:`elephant.search_engine.run_search` with
+before Spark starts, then runs :func:`elephant.search.engine.run_search` with
 one elephant fit per trial, each in its own driver thread, Spark job group (a
 tag under Spark Connect) and parameter server (own port and token). :class:`FitJob` is a trial's handle:
 cancellation from any thread, and the epoch-end report that lets the pruner
 stop the fit (``model.stop_training``) as soon as an epoch ends.
+
+============  ================================================================
+module        concern
+============  ================================================================
+``space``     routing and validation of the space's keys
+``compile``   a hyperopt ``hp`` space compiled to Optuna's suggestions
+``study``     Optuna's samplers, pruners and storage; opening the study
+``result``    what a search returns (:class:`SearchResult`, :class:`Trial`)
+``job``       a trial's handle: one cancellable fit (:class:`FitJob`)
+``engine``    the search loop, free of Spark (:func:`run_search`)
+``tracking``  MLflow runs: one parent per search, one child per trial
+============  ================================================================
 """
 
 from __future__ import annotations
@@ -19,22 +31,19 @@ from typing import Any
 import numpy as np
 from hyperopt import hp
 
-from elephant import search_space, session
+from elephant import session
 from elephant.errors import ConfigError
-from elephant.search_compile import compile_space
-from elephant.search_engine import resolve_sampler, run_search
-from elephant.search_job import BUILD_LOCK, FitJob, cancel_all  # noqa: F401  (importable from here)
-from elephant.search_result import SearchResult, Trial, TrialList  # noqa: F401  (importable from here)
-from elephant.search_space import build_params, check_space, elephant_settings, route
-from elephant.search_study import artifacts_for, get_pruner, get_storage
+from elephant.search.compile import compile_space
+from elephant.search.engine import resolve_sampler, run_search
+from elephant.search.job import BUILD_LOCK, FitJob, cancel_all  # noqa: F401  (importable from here)
+from elephant.search.result import SearchResult, Trial, TrialList  # noqa: F401  (importable from here)
+from elephant.search.space import ELEPHANT_KEYS, FIT_KEYS, Routed, check_keys  # noqa: F401  (importable from here)
+from elephant.search.space import build_params, check_space, elephant_settings, route
+from elephant.search.study import artifacts_for, get_pruner, get_storage
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SearchResult", "Trial", "hp", "minimize", "run_search"]
-
-# Key routing and the space checks live in elephant.search_space; these stay importable from here.
-FIT_KEYS, ELEPHANT_KEYS, Routed, check_keys = (search_space.FIT_KEYS, search_space.ELEPHANT_KEYS,
-                                               search_space.Routed, search_space.check_keys)
 
 
 def plan_workers(slots: int, parallelism: int, requested: int | None = None) -> int:
@@ -100,7 +109,7 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     Args:
         build_fn: returns a compiled ``keras.Model`` from keyword arguments.
         space: the search space: ``hp`` expressions (compiled to Optuna's
-            define-by-run suggestions, see :mod:`elephant.search_compile`), or
+            define-by-run suggestions, see :mod:`elephant.search.compile`), or
             a callable ``space(trial) -> dict`` using ``trial.suggest_*``.
         x, y: training data, anything :meth:`SparkModel.fit` accepts.
         max_evals: number of trials (failed, pruned and timed-out ones count,
@@ -178,7 +187,7 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
                           f"retry_interrupted={retry_interrupted!r}")
     tracker = None
     if mlflow is not False and mlflow is not None:
-        from elephant.search_mlflow import MlflowTracker
+        from elephant.search.tracking import MlflowTracker
 
         tracker = MlflowTracker.from_argument(mlflow, storage=storage)
     params = build_params(build_fn)
