@@ -96,7 +96,7 @@ def test_a_trial_that_trains_its_last_epoch_completes_whatever_the_pruner_says(s
 
 
 def test_timeout_cancels_the_running_trial_spark_jobs(spark, digits, monkeypatch):
-    from elephant.search_job import FitJob
+    from elephant.search.job import FitJob
 
     x_train, _, y_train, _ = digits
     # One epoch of about 23,000 single-sample steps, each a commit round trip, takes minutes: the trial is
