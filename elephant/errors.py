@@ -17,6 +17,8 @@ __all__ = [
     "RolledBackError",
     "RoundTimeoutError",
     "StoreClosedError",
+    "Transient",
+    "TransportFailed",
     "ProtocolError",
     "NormGuardError",
     "FitError",
@@ -62,6 +64,25 @@ class RoundTimeoutError(PSError):
 
 class StoreClosedError(PSError):
     """The store was closed: the parameter server is stopping."""
+
+
+class Transient(PSError):
+    """A transport failure worth retrying (connection refused or reset, timeout, short body).
+
+    Internal to the HTTP client: raised by a transport's ``send``
+    (:mod:`elephant.ps.transport`) and caught by
+    :class:`~elephant.ps.client.PSClient`, which retries and, when the retries
+    run out, raises a :class:`PSError` naming the request and the server.
+    """
+
+
+class TransportFailed(PSError):
+    """A transport failure that retrying cannot mend (a malformed URL, no adapter for the scheme).
+
+    Internal to the HTTP client, as :class:`Transient`:
+    :class:`~elephant.ps.client.PSClient` raises it again as a :class:`PSError`
+    naming the request and the server.
+    """
 
 
 class ProtocolError(ElephantError, ValueError):

@@ -29,11 +29,11 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError
+from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError, Transient, TransportFailed
 from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps import wire
 from elephant.ps.store import Store
-from elephant.ps.transport import Transient, TransportFailed, open_transport
+from elephant.ps.transport import open_transport
 
 if TYPE_CHECKING:
     import requests

@@ -4,9 +4,10 @@
 what an answer means; a transport only moves bytes. It has two methods:
 ``send(method, path, body, headers)`` returns ``(status, body)`` with the
 body fully read, and ``close()``. A failure worth retrying (connection
-refused or reset, timeout, short body) is raised as :class:`Transient`; one
-that retrying cannot mend (a malformed URL, no adapter for the scheme) as
-:class:`TransportFailed`. Both carry ``"<exception type>: <message>"``.
+refused or reset, timeout, short body) is raised as
+:class:`~elephant.errors.Transient`; one that retrying cannot mend (a malformed
+URL, no adapter for the scheme) as :class:`~elephant.errors.TransportFailed`.
+Both carry ``"<exception type>: <message>"``.
 
 :func:`open_transport` picks one of two:
 
@@ -39,20 +40,13 @@ import requests
 import urllib3
 from requests.adapters import HTTPAdapter
 
+from elephant.errors import Transient, TransportFailed
 from elephant.ps import wire
 
-__all__ = ["DirectTransport", "SessionTransport", "Transient", "Transport", "TransportFailed", "open_transport"]
+__all__ = ["DirectTransport", "SessionTransport", "Transport", "open_transport"]
 
 _RETRY_EXCEPTIONS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 _JOIN_BELOW = 256 * 1024  # request bodies up to this size are sent as one buffer
-
-
-class Transient(Exception):
-    """A transport failure worth retrying (connection refused or reset, timeout, short body)."""
-
-
-class TransportFailed(Exception):
-    """A transport failure that retrying cannot mend (a malformed URL, no adapter for the scheme)."""
 
 
 class Transport(Protocol):
@@ -148,7 +142,7 @@ class DirectTransport:
     A connection the server has closed while idle (its keep-alive timeout) is
     noticed before reuse (the socket reads as ready) and replaced, so it costs
     no retry. Any transport error closes the connection in use and raises
-    :class:`Transient`.
+    :class:`~elephant.errors.Transient`.
     """
 
     def __init__(self, host: str, port: int, timeout: tuple[float, float]):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import inspect
+import pathlib
 import pickle
 
 import cloudpickle
 import pytest
 
+import elephant
 from elephant import errors
 
 #: Every exception class of elephant.errors and the classes callers catch it by.
@@ -21,6 +25,8 @@ TREE = {
     "RolledBackError": (errors.StaleAttemptError,),
     "RoundTimeoutError": (errors.PSError,),
     "StoreClosedError": (errors.PSError,),
+    "Transient": (errors.PSError,),
+    "TransportFailed": (errors.PSError,),
     "ProtocolError": (errors.ElephantError, ValueError),
     "NormGuardError": (errors.ProtocolError,),
     "FitError": (errors.ElephantError, RuntimeError),
@@ -58,3 +64,30 @@ def test_the_old_import_paths_give_the_same_classes(module, names):
     imported = importlib.import_module(module)
     for name in names:
         assert getattr(imported, name) is getattr(errors, name)
+
+
+def test_the_transport_signals_live_in_errors_and_the_transport_raises_them_from_there():
+    """``Transient`` and ``TransportFailed`` moved from elephant.ps.transport: the transport and client use these."""
+    from elephant.ps import client, transport
+
+    for name in ("Transient", "TransportFailed"):
+        cls = getattr(errors, name)
+        assert cls.__module__ == "elephant.errors"
+        assert getattr(transport, name) is cls and getattr(client, name) is cls
+        assert name not in transport.__all__
+
+
+def test_no_exception_class_is_defined_outside_errors():
+    """Every exception class of the package is defined in elephant.errors (read from the syntax tree)."""
+    def is_exception(base: ast.expr) -> bool:
+        name = ast.unparse(base).rsplit(".", 1)[-1]
+        builtin = getattr(builtins, name, None)
+        return (name in errors.__all__ or name.endswith(("Error", "Exception"))
+                or inspect.isclass(builtin) and issubclass(builtin, BaseException))
+
+    root = pathlib.Path(elephant.__file__).parent
+    strays = [f"{path.relative_to(root)}: {node.name}"
+              for path in sorted(root.rglob("*.py")) if path != root / "errors.py"
+              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.ClassDef) and any(is_exception(base) for base in node.bases)]
+    assert strays == []
