@@ -7,9 +7,9 @@
   doubles as the next pull) waits for admission (optimizers.md §10.2).
 
 A :class:`elephant.ps.store.Store` holds one :class:`Rounds` and keeps what
-is the store's: the lock, the center, the clock, fencing, the checks of a
-commit, the waiting (with its timeout, rollback and closing) and the errors
-it raises. :class:`Rounds` keeps the rounds themselves: which commits are
+is the store's: the lock, the center, the clock, fencing (its ledger), the
+checks of a commit, the waiting (with its timeout, rollback and closing) and
+the errors it raises. :class:`Rounds` keeps the rounds themselves: which commits are
 pending, a streaming rule's running sum, when a round closes and which rule
 call closes it, and what each waiter gets. It reaches the store through two
 things given to it: the store's condition (its lock, held on every call, and

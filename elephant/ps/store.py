@@ -17,9 +17,19 @@ is acknowledged with the current center and not applied again (first apply
 wins). Fencing: per ``(epoch, partition)`` the highest Spark
 ``taskAttemptId()`` seen wins; lower attempts get :class:`StaleAttemptError`.
 With an SSP ``staleness_bound`` a pull (and the reply to a commit, which
-doubles as the next pull) waits for admission (optimizers.md §10.2). Rounds
-and admission are kept by a :class:`elephant.ps.rounds.Rounds` that the store
-holds; the store fences, checks and waits, and applies a closed round's rule.
+doubles as the next pull) waits for admission (optimizers.md §10.2).
+
+The store holds the center, the rule's state, the clock and the lock; it
+fences, waits, applies, rolls back and hands over its outcome. It is composed
+of parts that keep one concern each; the store's lock guards their state (the
+byte counts alone have a lock of their own, the metrics'):
+
+* :class:`elephant.ps.rounds.Rounds`: synchronous rounds and SSP admission;
+* :class:`elephant.ps.ledger.Ledger`: the applied commits, the fences, the
+  epochs' bookkeeping and the rolled-back run ids (what makes a commit apply once);
+* :class:`elephant.ps.guard.NormGuard`: the norm guard (``norm_guard``);
+* :class:`elephant.ps.metrics.Metrics`: the counters and the staleness histogram;
+* :mod:`elephant.ps.checks`: the checks of a request, a commit and a rule's result.
 
 The center arrays are read-only snapshots that updates replace and never
 mutate, so replies hand them out without copying.
@@ -27,7 +37,6 @@ mutate, so replies hand them out without copying.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import dataclasses
@@ -35,7 +44,6 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +51,6 @@ import numpy as np
 
 from elephant.errors import (
     ConfigError,
-    ElephantError,
     NormGuardError,
     PSError,
     ProtocolError,
@@ -56,22 +63,17 @@ from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.codecs import encode_change
 from elephant.optimizers.compress import check_reply_mode
 from elephant.protocol import MODES, Commit, CommitKey, Reply, ReplyChange, ssp_admitted
+from elephant.ps.checks import check_commit, check_partition, commit_what, freeze, int_arg, run_rule
+from elephant.ps.guard import NormGuard
+from elephant.ps.ledger import Ledger
+from elephant.ps.metrics import Metrics
 from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket
-from elephant.ps.wire import all_finite, digest
+from elephant.ps.wire import digest
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CommitKey", "Store", "Snapshot", "Outcome", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
            "RolledBackError", "NormGuardError", "ssp_admitted"]
-
-_COUNTERS = (
-    "commits_applied", "rounds_applied", "replays_dropped", "stale_attempts_fenced",
-    "commits_rejected", "pulls", "bytes_in", "bytes_out", "epochs_rolled_back", "commits_rolled_back",
-    "commits_norm_refused", "samples_applied",
-)
-
-#: Commits whose norms the guard remembers, and how many it needs before it judges.
-NORM_WINDOW, NORM_WARMUP = 64, 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,27 +103,6 @@ class Outcome:
     ledger: list
     counts: dict
     staleness: dict
-
-
-def _freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
-    out = [np.asarray(a) for a in arrays]
-    for a in out:
-        a.setflags(write=False)
-    return out
-
-
-def _squared_norm(t: Any) -> float:
-    """``‖t‖²``; integer tensors (an encoded commit's codes) in float64, where their own dtype would overflow."""
-    t = np.asarray(t)
-    if t.dtype.kind in "iub":
-        t = t.astype(np.float64)
-    return float(np.vdot(t, t).real)
-
-
-def _int_arg(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ProtocolError(f"`{name}` must be an int >= 0; received {name}={value!r}")
-    return int(value)
 
 
 class Store:
@@ -164,29 +145,20 @@ class Store:
             raise ConfigError(f"`run` must be a non-empty str; received run={run!r}")
         if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
             raise ConfigError(f"`round_timeout` must be > 0 seconds; received round_timeout={round_timeout!r}")
-        self._center = _freeze([np.array(a, copy=True) for a in center])
+        self._center = freeze([np.array(a, copy=True) for a in center])
         self._commit_template = optimizer.commit_template(self._center)  # the center's structure, or an encoded layout
         self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
         self._round_timeout = float(round_timeout)
-        if norm_guard is not None and not (isinstance(norm_guard, (int, float)) and not isinstance(norm_guard, bool)
-                                           and math.isfinite(norm_guard) and norm_guard > 1):
-            raise ConfigError(f"`norm_guard` must be a number > 1 or None; received norm_guard={norm_guard!r}")
-        self._norm_guard = None if norm_guard is None else float(norm_guard)
-        self._norms: collections.deque[float] = collections.deque(maxlen=NORM_WINDOW)
+        self._metrics = Metrics()
+        self._guard = NormGuard(norm_guard, self._metrics)
         self._state = optimizer.server_init(self.center(), num_workers) if state is None else state
-        self._clock = _int_arg("clock", clock)
+        self._clock = int_arg("clock", clock)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._bytes_lock = threading.Lock()
         self._rounds = Rounds(optimizer, mode, num_workers, self._round_timeout, self._cond, self._apply_round)
-        self._epochs: dict[int, Epoch] = {}
-        self._latest_epoch: int | None = None
-        self._ledger: list[tuple[CommitKey, int]] = []
-        self._retired: set[str] = set()  # run ids of rolled-back epoch tries
+        self._ledger = Ledger(num_workers, self._metrics, self._reset_view)
         self._closed = False
         self._waiting = 0  # requests blocked in a round or an SSP admission
-        self._counts: Counter[str] = Counter()
-        self._staleness: Counter[int] = Counter()
         #: With compressed replies (the rule's ``reply_codec``): the workers' view of the center and its digest.
         self._view: list[np.ndarray] | None = None
         self._view_digest: str | None = None
@@ -215,29 +187,21 @@ class Store:
     def ledger(self) -> list[tuple[CommitKey, int]]:
         """Applied ``(key, attempt)`` pairs in apply order."""
         with self._lock:
-            return list(self._ledger)
+            return self._ledger.entries()
 
     def metrics(self) -> dict[str, Any]:
         """Counters, the staleness histogram ``{tau: count}`` with its mean and max, and more."""
-        with self._lock, self._bytes_lock:
-            hist = dict(sorted(self._staleness.items()))
-            total = sum(hist.values())
-            out: dict[str, Any] = {name: self._counts[name] for name in _COUNTERS}
-            out.update(run=self._run, mode=self._mode, clock=self._clock, num_workers=self._num_workers,
-                       staleness=hist, staleness_max=max(hist, default=0), waiting=self._waiting,
-                       staleness_mean=sum(t * c for t, c in hist.items()) / total if total else 0.0)
-            return out
+        with self._lock, self._metrics.lock:
+            return self._metrics.summary(self._run, self._mode, self._clock, self._num_workers, self._waiting)
 
     @property
     def samples_applied(self) -> int:
         """Samples trained in the commits applied so far (read without the lock, for progress displays)."""
-        return self._counts["samples_applied"]
+        return self._metrics.samples_applied
 
     def count_bytes(self, received: int, sent: int) -> None:
         """Add request and response body sizes to the metrics (called by the app)."""
-        with self._bytes_lock:  # not the store lock: an apply may hold that for a while
-            self._counts["bytes_in"] += received
-            self._counts["bytes_out"] += sent
+        self._metrics.count_bytes(received, sent)  # not the store lock: an apply may hold that for a while
 
     def learning_rate_changed(self, ratio: float) -> None:
         """Tell the rule that the user's learning rate was multiplied by ``ratio`` (between epochs).
@@ -262,14 +226,15 @@ class Store:
         """
         with self._cond:
             return Snapshot(center=list(self._center), state=copy.deepcopy(self._state), clock=self._clock,
-                            ledger_size=len(self._ledger), epochs=frozenset(self._epochs),
-                            latest_epoch=self._latest_epoch)
+                            ledger_size=len(self._ledger), epochs=self._ledger.epochs(),
+                            latest_epoch=self._ledger.latest_epoch)
 
     def outcome(self) -> Outcome:
         """The center, the rule's state, the clock, the applied keys and the counters, for :meth:`absorb`."""
-        with self._cond, self._bytes_lock:
+        with self._cond, self._metrics.lock:
+            counts, staleness = self._metrics.totals()
             return Outcome(center=list(self._center), state=copy.deepcopy(self._state), clock=self._clock,
-                           ledger=list(self._ledger), counts=dict(self._counts), staleness=dict(self._staleness))
+                           ledger=self._ledger.entries(), counts=counts, staleness=staleness)
 
     def absorb(self, outcome: Outcome) -> None:
         """Go on from ``outcome``, an epoch served by another store that started from this one's state.
@@ -277,13 +242,12 @@ class Store:
         The center, the rule's state and the clock become the outcome's; its
         applied keys and counters are added to this store's.
         """
-        with self._cond, self._bytes_lock:
-            self._center = _freeze(outcome.center)
+        with self._cond, self._metrics.lock:
+            self._center = freeze(outcome.center)
             self._state, self._clock = outcome.state, outcome.clock
             self._reset_view()
             self._ledger.extend(outcome.ledger)
-            self._counts.update(outcome.counts)
-            self._staleness.update(outcome.staleness)
+            self._metrics.add(outcome.counts, outcome.staleness)
 
     def rollback(self, snapshot: Snapshot, run: str) -> int:
         """Undo everything applied since ``snapshot`` and serve the new run id ``run`` from now on.
@@ -302,17 +266,17 @@ class Store:
             raise ConfigError(f"a rollback needs a new run id; received run={run!r} (current {self._run!r})")
         with self._cond:
             undone = len(self._ledger) - snapshot.ledger_size
-            for epoch in set(self._epochs) - snapshot.epochs:
-                self._rounds.abandon(self._epochs.pop(epoch), "the epoch was rolled back")
-            del self._ledger[snapshot.ledger_size:]
+            for ep in self._ledger.pop_epochs(snapshot.epochs):
+                self._rounds.abandon(ep, "the epoch was rolled back")
+            self._ledger.truncate(snapshot.ledger_size)
             self._center, self._clock = list(snapshot.center), snapshot.clock
             self._reset_view()
             self._state = copy.deepcopy(snapshot.state)  # the snapshot stays valid for another rollback
-            self._latest_epoch = snapshot.latest_epoch
-            self._retired.add(self._run)
+            self._ledger.latest_epoch = snapshot.latest_epoch
+            self._ledger.retire(self._run)
             self._run = run
-            self._counts["epochs_rolled_back"] += 1
-            self._counts["commits_rolled_back"] += undone
+            self._metrics.count("epochs_rolled_back")
+            self._metrics.count("commits_rolled_back", undone)
             self._cond.notify_all()
         logger.warning("rolled back %d commits; serving run %s", undone, run)
         return undone
@@ -336,111 +300,30 @@ class Store:
             return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
         return Reply(clock=self._clock, center=list(self._view), tensors=tensors, view=self._view_digest)
 
-    def _epoch(self, epoch: int) -> Epoch:
-        if epoch not in self._epochs:
-            self._epochs[epoch] = Epoch(commits=[0] * self._num_workers)
-            self._reset_view()  # each epoch's workers start from the exact center
-            self._latest_epoch = max(epoch, self._latest_epoch if self._latest_epoch is not None else epoch)
-        return self._epochs[epoch]
-
-    def _check_partition(self, partition: int) -> None:
-        if not 0 <= partition < self._num_workers:
-            raise ProtocolError(f"partition {partition} is out of range for num_workers={self._num_workers}")
-
     def _fence(self, run: str, epoch: int, partition: int, attempt: int, what: str) -> Epoch:
         """Closed check, run check and attempt fencing; the caller holds the lock."""
         if self._closed:
             raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
-        self._check_current(run, what)
+        self._ledger.check_current(run, self._run, what)
         if run != self._run:
-            self._counts["commits_rejected"] += 1
+            self._metrics.count("commits_rejected")
             raise ProtocolError(f"{what} names run {run!r} but this parameter server serves run {self._run!r}")
-        ep = self._epoch(epoch)
-        highest = ep.attempts.get(partition, -1)
-        if attempt < highest:
-            error = self._superseded(f"{what} was superseded by task attempt {highest} of the same partition")
-            logger.warning("fenced %s: task attempt %d of the partition superseded it", what, highest)
-            raise error
-        ep.attempts[partition] = attempt
-        return ep
-
-    def _check_current(self, run: str, what: str) -> None:
-        """Raise :class:`RolledBackError` if ``run`` was rolled back (lock held)."""
-        if run in self._retired:
-            raise self._superseded(f"{what}: its epoch try was rolled back; run {self._run} replaces {run}",
-                                   RolledBackError)
-
-    def _superseded(self, message: str, kind: type[StaleAttemptError] = StaleAttemptError) -> StaleAttemptError:
-        """Count a fenced request and return its error (lock held)."""
-        self._counts["stale_attempts_fenced"] += 1
-        return kind(message)
+        return self._ledger.fence(epoch, partition, attempt, what)
 
     def _validate(self, key: CommitKey, attempt: int, commit: Commit, check_finite: bool) -> str:
         """Lock-free structural checks (the center's structure never changes)."""
-        ints = [_int_arg(n, v) for n, v in zip(("epoch", "partition", "step", "attempt"), (*key[1:], attempt))]
-        what = f"commit (run {key.run}, epoch {ints[0]}, partition {ints[1]}, step {ints[2]}, attempt {attempt})"
+        what = commit_what(key, attempt)
         try:
-            self._check_partition(key.partition)
-            for name in ("num_steps", "num_samples", "base_clock"):
-                _int_arg(name, getattr(commit, name))
-            if len(commit.tensors) != len(self._commit_template):
-                raise ProtocolError(f"expected {len(self._commit_template)} tensors, received {len(commit.tensors)}")
-            for i, (c, t) in enumerate(zip(self._commit_template, commit.tensors)):
-                if getattr(t, "shape", None) != c.shape or getattr(t, "dtype", None) != c.dtype:
-                    got = f"{getattr(t, 'dtype', type(t).__name__)}{list(getattr(t, 'shape', ()))}"
-                    raise ProtocolError(f"tensor {i}: expected {c.dtype}{list(c.shape)}, received {got}")
-                if check_finite and not all_finite(t):
-                    raise ProtocolError(f"tensor {i} holds non-finite values (NaN or inf)")
+            check_commit(key.partition, commit, self._num_workers, self._commit_template, check_finite)
         except ProtocolError as exc:
             with self._lock:
-                self._counts["commits_rejected"] += 1
+                self._metrics.count("commits_rejected")
             raise ProtocolError(f"{what}: {exc}") from None
         return what
 
-    def _checked(self, what: str, call: Callable[[], tuple]) -> tuple:
-        """Run a server rule; wrap its failure and check the new center's structure."""
-        name = type(self._optimizer).__name__
-        try:
-            new_center, replies, state = call()
-        except ElephantError:
-            raise
-        except Exception as exc:
-            raise PSError(f"{what}: the server rule of {name} failed: {exc!r}") from exc
-        if len(new_center) != len(self._center):
-            raise PSError(f"{what}: {name}'s server rule returned {len(new_center)} tensors, expected {len(self._center)}")
-        for i, (c, t) in enumerate(zip(self._center, new_center)):
-            if np.shape(t) != c.shape or np.asarray(t).dtype != c.dtype:
-                raise PSError(f"{what}: {name}'s server rule returned {np.asarray(t).dtype}{list(np.shape(t))} "
-                              f"for tensor {i}, expected {c.dtype}{list(c.shape)}")
-        return _freeze(new_center), replies, state
-
     def _record(self, ep: Epoch, key: CommitKey, attempt: int, commit: Commit, clock_before: int) -> None:
-        ep.applied.add((key.partition, key.step))
-        ep.commits[key.partition] += 1
-        self._ledger.append((key, attempt))
-        self._counts["commits_applied"] += 1
-        self._counts["samples_applied"] += commit.num_samples
-        self._staleness[clock_before - commit.base_clock] += 1
-
-    def _norm(self, commit: Commit) -> float | None:
-        """The commit's L2 norm when the guard is on (computed before the lock is taken)."""
-        if self._norm_guard is None:
-            return None
-        return math.sqrt(sum(_squared_norm(t) for t in commit.tensors))
-
-    def _check_norm(self, norm: float | None, what: str) -> None:
-        """Refuse a norm far beyond the recent ones (lock held); remember an accepted one."""
-        if norm is None:
-            return
-        if len(self._norms) >= NORM_WARMUP:
-            typical = float(np.median(self._norms))
-            if norm > self._norm_guard * typical:
-                self._counts["commits_norm_refused"] += 1
-                logger.warning("%s refused: norm %.3g is over %g x the recent median %.3g", what, norm,
-                               self._norm_guard, typical)
-                raise NormGuardError(f"{what}: its norm {norm:.3g} is over norm_guard={self._norm_guard:g} times "
-                                     f"the median {typical:.3g} of the last {len(self._norms)} commits; not applied")
-        self._norms.append(norm)
+        self._ledger.record(ep, key, attempt)
+        self._metrics.count_applied(commit.num_samples, clock_before - commit.base_clock)
 
     def _check_base_clock(self, commit: Commit, what: str) -> None:
         if commit.base_clock > self._clock:
@@ -466,10 +349,6 @@ class Store:
         finally:
             self._waiting -= 1
 
-    def _replay(self, what: str) -> None:
-        self._counts["replays_dropped"] += 1
-        logger.info("acknowledged a replay of the applied %s", what)
-
     def _admit(self, ep: Epoch, epoch: int, partition: int, what: str) -> None:
         """Block (lock held) until SSP admits ``partition`` to start a window."""
         admission = self._rounds.admission(ep, epoch, partition, what)
@@ -491,10 +370,11 @@ class Store:
         def wait() -> Reply:
             with self._cond:
                 self._wait(lambda: ticket.done, lambda: self._rounds.withdraw(ticket))
-                self._check_current(key.run, what)
+                self._ledger.check_current(key.run, self._run, what)
                 reply = self._rounds.result(ticket)
                 if ticket.newer_attempt is not None:
-                    raise self._superseded(f"{what} was superseded by task attempt {ticket.newer_attempt} in its round")
+                    raise self._ledger.superseded(
+                        f"{what} was superseded by task attempt {ticket.newer_attempt} in its round")
                 return reply
 
         return wait
@@ -509,17 +389,17 @@ class Store:
         unlike the center.
         """
         clock, state, center = self._clock, self._state, self._center
-        self._center, replies, self._state = self._checked(what, lambda: rule(state, center, clock))
+        self._center, replies, self._state = run_rule(what, self._optimizer, center, lambda: rule(state, center, clock))
         self._clock += 1
-        self._counts["rounds_applied"] += 1
+        self._metrics.count("rounds_applied")
         for key, attempt, commit in entries:
             self._record(ep, key, attempt, commit, clock)
         codec = self._optimizer.reply_codec
         if codec is None:
             return self._clock, self._center, replies, {}
         layout, view = encode_change(codec, self._view, self._center)  # once per round, whatever the workers
-        change = ReplyChange(self._view_digest, clock, codec.name, codec.block, _freeze(layout))
-        self._view, self._view_digest = _freeze(view), digest(view)
+        change = ReplyChange(self._view_digest, clock, codec.name, codec.block, freeze(layout))
+        self._view, self._view_digest = freeze(view), digest(view)
         return self._clock, self._view, replies, {"view": self._view_digest, "change": change}
 
     # -------------------------------------------------------------- requests
@@ -535,17 +415,17 @@ class Store:
             RoundTimeoutError: admission waited longer than ``round_timeout``.
             StoreClosedError: the store is closed.
         """
-        worker = _int_arg("worker", worker)
-        self._check_partition(worker)
+        worker = int_arg("worker", worker)
+        check_partition(worker, self._num_workers)
         what = f"pull (worker {worker})"
         with self._cond:
             if self._closed:
                 raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
-            epoch = self._latest_epoch if epoch is None else _int_arg("epoch", epoch)
+            epoch = self._ledger.latest_epoch if epoch is None else int_arg("epoch", epoch)
             if epoch is not None:
-                self._admit(self._epoch(epoch), epoch, worker, what)
+                self._admit(self._ledger.epoch(epoch), epoch, worker, what)
             self._state = self._optimizer.on_pull(self._state, self._center, self._clock, worker)
-            self._counts["pulls"] += 1
+            self._metrics.count("pulls")
             return self._reply()
 
     def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
@@ -555,9 +435,9 @@ class Store:
             StaleAttemptError: a newer attempt of the partition was seen.
             ProtocolError: wrong run, or an invalid epoch, partition or attempt.
         """
-        epoch, partition, attempt = (_int_arg(n, v) for n, v in zip(("epoch", "partition", "attempt"),
-                                                                     (epoch, partition, attempt)))
-        self._check_partition(partition)
+        epoch, partition, attempt = (int_arg(n, v) for n, v in zip(("epoch", "partition", "attempt"),
+                                                                    (epoch, partition, attempt)))
+        check_partition(partition, self._num_workers)
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
         with self._cond:
             ep = self._fence(run, epoch, partition, attempt, what)
@@ -582,10 +462,10 @@ class Store:
         Raises:
             StoreClosedError: the store was closed while waiting.
         """
-        epoch = _int_arg("epoch", epoch)
+        epoch = int_arg("epoch", epoch)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while len(self._epoch(epoch).finished) < self._num_workers:
+            while len(self._ledger.epoch(epoch).finished) < self._num_workers:
                 if self._closed:
                     raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
                 left = None if deadline is None else deadline - time.monotonic()
@@ -634,15 +514,15 @@ class Store:
         """
         key = CommitKey(*key)
         what = self._validate(key, attempt, commit, check_finite)
-        norm = self._norm(commit)
+        norm = self._guard.norm(commit)
         with self._cond:
             ep = self._fence(key.run, key.epoch, key.partition, attempt, what)
             if (key.partition, key.step) in ep.applied:
-                self._replay(what)
+                self._ledger.replay(what)
                 reply = self._admitted_reply(ep, key, what, None, pulled=True)
                 return lambda: reply
             self._check_base_clock(commit, what)
-            self._check_norm(norm, what)
+            self._guard.check(norm, what)
             if self._mode == "synchronous":
                 return self._round_result(self._rounds.enter(ep, key, attempt, commit, what), key, what)
             ep.applied.add((key.partition, key.step))  # claimed: a concurrent replay is dropped
@@ -661,8 +541,8 @@ class Store:
         guard = self._cond if self._mode == "hogwild" else contextlib.nullcontext()
         state, center, clock = snapshot
         try:
-            new_center, tensors, state = self._checked(
-                what, lambda: self._optimizer.apply(state, center, clock, key.partition, commit))
+            new_center, tensors, state = run_rule(what, self._optimizer, center, lambda: self._optimizer.apply(
+                state, center, clock, key.partition, commit))
         except BaseException:
             with guard:
                 ep.applied.discard((key.partition, key.step))

@@ -15,7 +15,7 @@ from elephant.optimizers.codecs import (BF16_MAX, Codec, apply_change, bf16_deco
                                         layout_template, zero_residual)
 from elephant.optimizers.schedules import round_robin
 from elephant.ps import wire
-from elephant.ps.store import _squared_norm
+from elephant.ps.guard import _squared_norm
 from elephant.protocol import CommitKey
 from tests.unit.test_simulate_replay import assert_same_center, replay_async, replay_rounds, run_threads
 

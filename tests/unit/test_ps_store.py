@@ -21,7 +21,8 @@ from elephant.errors import (
 )
 from elephant.optimizers import Commit, Downpour, ModelAveraging
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.ps.store import NORM_WARMUP, CommitKey, Store, ssp_admitted
+from elephant.ps.guard import NORM_WARMUP
+from elephant.ps.store import CommitKey, Store, ssp_admitted
 
 RUN = "run-a"
 
