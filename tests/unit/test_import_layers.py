@@ -23,7 +23,7 @@ LAYERS = [
     ("ground", ["errors", "weights", "protocol", "console"]),
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire"]),
     ("pure state and checks", ["ps.rounds", "ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks", "data",
-                               "arrow", "config", "checkpoint", "combine", "model_io"]),
+                               "stream", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
     ("Keras worker", ["worker", "replicas", "backends", "framework", "gpu"]),
     ("Spark", ["session", "launch", "warmup", "daemon"]),

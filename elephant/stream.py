@@ -1,0 +1,111 @@
+"""A partition's samples as a stream: blocks in, shuffled batches out, in bounded memory.
+
+A task reads its partition as an iterator of blocks (``(x, y)`` or ``(x, y, w)``,
+:mod:`elephant.data`). :func:`shuffled` mixes them through a buffer of about
+``buffer`` samples instead of concatenating the partition and permuting it: the
+memory it holds is the buffer and one block, whatever the partition's size. Its
+order is a function of the seed and of the blocks (their sizes and contents, in
+the order they come), so a retried task that reads the same blocks trains the
+same samples in the same order. A buffer larger than the partition is
+one permutation of all of it, as a full shuffle. :func:`batches` cuts the
+stream into the pass's batches; :func:`stream_order` is the order a stream
+gives to a partition of known block sizes, for the simulator and the shuffle
+benchmark (``benchmarks/shuffle_quality.py``).
+
+How far a buffer's order is from a full shuffle depends on how the data are
+laid out (label-sorted partitions are the worst case): docs/data.md has the
+measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from elephant import data as D
+from elephant.errors import ConfigError
+
+__all__ = ["batches", "shuffled", "stream_order"]
+
+
+def _rows(block: tuple, index) -> tuple:
+    return tuple(D.take(part, index) for part in block)
+
+
+def shuffled(blocks: Iterable[tuple], buffer: int, seed: int, carry: float = 0.5) -> Iterator[tuple]:
+    """The samples of ``blocks``, each once, in blocks shuffled through a buffer of about ``buffer`` samples.
+
+    Blocks join the buffer until it holds ``buffer`` samples or more; its rows
+    are then permuted and all but ``int(carry * buffer)`` of them given out, the
+    rest staying to mix with the next blocks. At the end what is left is
+    permuted and given out. Memory held: the buffer and one block.
+
+    Args:
+        blocks: a partition's blocks, in the order they are read.
+        buffer: samples the buffer fills to before it gives rows out (at least 1).
+        seed: seeds the permutations (one generator for the whole stream).
+        carry: the fraction of ``buffer`` kept back after each permutation, in ``[0, 1)``.
+
+    Raises:
+        ConfigError: ``buffer`` or ``carry`` out of range.
+    """
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+        raise ConfigError(f"`buffer` must be a positive number of samples; received buffer={buffer!r}")
+    if not 0.0 <= carry < 1.0:
+        raise ConfigError(f"`carry` must be in [0, 1); received carry={carry!r}")
+    rng = np.random.default_rng(seed)
+    keep = int(carry * buffer)
+    held: list[tuple] = []
+    count = 0
+    for block in blocks:
+        n = D.num_samples(block[0])
+        if n == 0:
+            continue
+        held.append(block)
+        count += n
+        if count < buffer:
+            continue
+        merged = next(D.concat_blocks(held))
+        order = rng.permutation(count)
+        out = count - min(keep, count)
+        yield _rows(merged, order[:out])
+        held = [_rows(merged, order[out:])] if out < count else []
+        count -= out
+    if count:
+        merged = next(D.concat_blocks(held))
+        yield _rows(merged, rng.permutation(count))
+
+
+def batches(blocks: Iterable[tuple], batch_size: int) -> Iterator[tuple]:
+    """Consecutive batches of ``batch_size`` rows cut from ``blocks`` in order (the last may be shorter)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"`batch_size` must be a positive int; received batch_size={batch_size!r}")
+    pending: list[tuple] = []
+    count = 0
+    for block in blocks:
+        n = D.num_samples(block[0])
+        start = 0
+        if count:  # top up the batch begun by the previous block
+            start = min(batch_size - count, n)
+            pending.append(_rows(block, slice(0, start)))
+            count += start
+            if count < batch_size:
+                continue
+            yield next(D.concat_blocks(pending))
+            pending, count = [], 0
+        while start + batch_size <= n:
+            yield _rows(block, slice(start, start + batch_size))
+            start += batch_size
+        if start < n:
+            pending, count = [_rows(block, slice(start, n))], n - start
+    if count:
+        yield next(D.concat_blocks(pending))
+
+
+def stream_order(block_sizes: Sequence[int], buffer: int, seed: int, carry: float = 0.5) -> np.ndarray:
+    """The positions of a partition's samples (0 .. sum - 1, as read) in the order :func:`shuffled` gives them."""
+    bounds = np.cumsum([0, *block_sizes])
+    blocks = ((np.arange(a, b), None) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    parts = [block[0] for block in shuffled(blocks, buffer, seed, carry)]
+    return np.concatenate(parts) if parts else np.arange(0)
