@@ -3,7 +3,7 @@
 Where the averaging defaults' workers train at a scaled rate (an adaptive
 optimizer on the split batch, 2 workers and more), most of what their first
 epoch loses against plain Keras is lost in its first steps (docs/convergence.md,
-"The first epoch at 16 workers", and the head at 2 to 4 workers): each worker
+"The first epoch at 16 workers: where it loses"): each worker
 starts its optimizer state from nothing on a batch of ``batch_size/K`` samples,
 and the mean of such steps is not the global batch's step. Post-local SGD (Lin
 et al., 2020) starts with synchronous steps on the global batch for that reason.
@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HEAD_STEPS", "HeldState", "head_steps", "head_rows", "partition_head", "global_batches", "train_head"]
 
-#: The most steps of the first epoch the driver trains (benchmarks/first_epoch.py at 16 workers: 128 plain steps took
-#: the synchronous default's first epoch from 3.6 to 1.1 points behind plain Keras on a GRU, 32 and 8 did less).
+#: The most steps of the first epoch the driver trains: enough to cover the first steps, where averaging the workers'
+#: adaptive steps loses most of what the first epoch loses; shorter heads gave less of it back (docs/convergence.md,
+#: "The first epoch at 16 workers: where it loses").
 HEAD_STEPS = 128
 
 

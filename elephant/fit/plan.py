@@ -25,16 +25,16 @@ __all__ = ["COSTS", "ROUND_MIN_WINDOW", "ROUND_STEPS", "WARMUP_ROUND_STEPS", "Fi
            "measured_costs", "model_size", "overlap_warning", "plan_fit", "round_least",
            "warmup_window", "window_cap"]
 
-#: What the window decision assumes before a fit has timed itself. A commit's round trip was measured
-#: by ``benchmarks/ps_roundtrip.py`` at 1.7 ms for 32 KB, 7.2 ms for 4 MB and 76 ms for 40 MB (about
-#: 1.5 ms + 1.8 ms per MB); a fit's commit also copies the weights out of and into the model, runs the
-#: rule on the server and, on a machine whose cores the server shares with the workers, waits for it:
-#: the prior takes about twice the measured slope. A local step costs a fixed ~1 ms of dispatch plus its
-#: arithmetic, about 6 floating-point operations per parameter and sample (forward and backward) at
-#: ~20 GFLOP/s per core; convolutions and recurrent layers do more per parameter, so the prior
-#: underestimates their steps and the first epoch's timings correct it.
+#: What the window decision assumes before a fit has timed itself. A commit costs ``commit_fixed_ms`` plus
+#: ``commit_ms_per_mb`` per MB of weights: about twice the parameter server's round trip
+#: (``benchmarks/ps_roundtrip.py``), since a fit's commit also copies the weights out of and into the model, runs
+#: the rule on the server and, on a machine whose cores the server shares with the workers, waits for it
+#: (docs/convergence.md, "What the defaults decide", has the round trip's timings). A local step costs
+#: ``step_fixed_ms`` of dispatch plus its arithmetic, about 6 floating-point operations per parameter and sample
+#: (forward and backward) at ``flops_per_ms_per_core``; convolutions and recurrent layers do more per parameter,
+#: so the prior underestimates their steps and the first epoch's timings correct it.
 COSTS = {"commit_fixed_ms": 2.0, "commit_ms_per_mb": 4.0, "step_fixed_ms": 1.0, "flops_per_ms_per_core": 2.0e7}
-#: Accuracy's bounds on a decided window (benchmarks/convergence.py, docs/convergence.md): at least this
+#: Accuracy's bounds on a decided window (docs/convergence.md, "What the defaults decide"): at least this
 #: many synchronisations per partition pass, and never windows longer than ``MAX_WINDOW`` steps.
 MIN_SYNCS_PER_PASS = 8
 MAX_WINDOW = 128
@@ -42,17 +42,14 @@ MAX_WINDOW = 128
 #: all workers (a window of ``ROUND_STEPS // K``, never below the rule's floor or ``ROUND_MIN_WINDOW``, whichever
 #: is less). Under the split each worker's
 #: step sees ``1/K`` of the batch, so its noise grows with ``K``; the workers' weights drift apart with that
-#: noise times the steps of the window, and averaging loses what they drift. Measured in the simulator at 8
-#: workers (docs/convergence.md): windows of 35 and 47 steps left a GRU and a Conv2D 11 and 17 points behind
-#: plain Keras after one epoch, windows of 16 steps 5.5 and 2.7; 2 and 4 workers' decided windows (15 to 28)
-#: are below the bound and unchanged.
+#: noise times the steps of the window, and averaging loses what they drift. The bound shortens the windows
+#: the costs alone would decide from 8 workers on, which lose the first epoch; at 2 and 4 workers it is above
+#: the decided windows and changes nothing (docs/convergence.md, "Windows at 8 or more workers").
 ROUND_STEPS = 128
 #: The least window the round bound gives a rule whose floor is above it (the asynchronous default's 32
-#: steps, kept at 2 and 4 workers) when its workers train at a scaled rate: the asynchronous default on
-#: those two tasks was 10.0 and 19.7 points behind plain Keras after one epoch at 8 workers with windows of
-#: 16 steps, 18.1 and 38.8 with 32; at 16 workers 14.0 and 16.2 with windows of 8, 18.2 and 36.7 with 16
-#: (docs/convergence.md). Its workers at the compiled rate (SGD) keep the floor: a one-epoch SGD Conv1D at
-#: 16 workers was 6.9 points behind with windows of 8 and 1.3 with 32.
+#: steps, kept at 2 and 4 workers) when its workers train at a scaled rate: there the round's shorter windows
+#: train the first epochs better than the floor's. Its workers at the compiled rate (SGD) keep the floor, where
+#: windows of 8 steps train worse than 32 (docs/convergence.md, "Beyond 4 workers, asynchronous windows").
 ROUND_MIN_WINDOW = 8
 #: The round bound while the first epoch ramps the workers' rate up (:data:`~elephant.optimizers.local.RAMP_STEPS`
 #: steps at most): at most this many local steps over all ``K`` workers, a window of ``WARMUP_ROUND_STEPS // K``
@@ -79,7 +76,7 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
 
     The window is the fewest steps whose compute time is at least
     ``(1 - budget) / budget`` times ``commit_ms``, bounded by accuracy: at least
-    ``floor`` (the window the small workloads were measured at) and at most
+    ``floor`` (the rule's ``window_from_costs``) and at most
     ``steps_per_pass / min_syncs``, ``max_window`` and, when ``workers`` split
     the global batch, ``ROUND_STEPS / workers`` and, for ``lagged`` (asynchronous)
     windows, the window whose lag is :data:`~elephant.optimizers.local.MAX_ASYNC_LAG` steps (fewer
@@ -89,8 +86,8 @@ def decide_window(floor: int, step_ms: float, commit_ms: float, steps_per_pass: 
     than ``budget`` on commits.
     With ``per_pass`` (a rule whose default is one commit per pass) the answer is
     None, one commit per pass, on a pass too short for ``min_syncs`` windows of
-    ``floor`` steps: there the rule keeps the default it was measured with at 2 to
-    4 workers (its workers all start the pass from one center: nothing lags). Where
+    ``floor`` steps: there the rule keeps its default (its workers all start the
+    pass from one center: nothing lags). Where
     the round bound is below the floor (more workers, at a scaled rate: ``least``
     below ``floor``) the round's windows win on short passes too.
     """
@@ -148,7 +145,7 @@ class WindowChoice:
         per_pass: whether the rule's default is one commit per pass, kept on short passes.
         model_bytes: the bytes of the model's weights (what each commit moves each way).
         step_ms, commit_ms: a local step's and a commit's cost in ms, estimated
-            from the model's size (``measured`` False) or measured in an epoch.
+            from the model's size (``measured`` False) or timed in an epoch.
         steps_per_pass: local steps in a worker's pass over its partition.
         budget: the share of a worker's time commits may take (``SparkModel(comm_budget=)``).
         measured: whether the costs come from a finished epoch's timings.
@@ -183,7 +180,7 @@ class WindowChoice:
                    least, lagged)
 
     def again(self, step_ms: float, commit_ms: float) -> WindowChoice:
-        """The decision from measured costs (a fit that commits every ``window`` steps keeps doing so)."""
+        """The decision from an epoch's timed costs (a fit that commits every ``window`` steps keeps doing so)."""
         return self.decide(floor=self.floor, per_pass=False, model_bytes=self.model_bytes, step_ms=step_ms,
                            commit_ms=commit_ms, steps_per_pass=self.steps_per_pass, budget=self.budget,
                            measured=True, workers=self.workers, least=self.least, lagged=self.lagged)
@@ -221,25 +218,35 @@ def decide_workers(requested: int | None, available: int | None, samples: int | 
     return workers
 
 
+def _see(section: str) -> str:
+    """The pointer a warning ends with: the section of docs/convergence.md that holds its figures."""
+    return f'(see docs/convergence.md, "{section}")'
+
+
+#: The sections of docs/convergence.md the fit-start warnings point to.
+OVERLAP_SECTION = "Commits in flight (SparkModel(overlap=True))"
+BLOCK_MOMENTUM_SECTION = "Windows at 8 or more workers"
+ASYNC_HEAD_SECTION = "Where the defaults stand"
+ASYNC_RAMPED_SECTION = "Measured on Spark, 4 and 8 workers (3 seeds)"
+ASYNC_SCALED_SECTION = "The workers' rate under an adaptive optimizer"
+
+
 def overlap_warning(overlap: bool, mode: str, window: int | None, num_workers: int) -> str | None:
-    """The fit-start warning for ``overlap=True`` where the convergence benchmark measured a loss, else None."""
+    """The fit-start warning for ``overlap=True`` where it costs accuracy, else None: synchronous rounds at 4 or more
+    workers, and windows shorter than 5 steps."""
     if not overlap or num_workers < 2:
         return None
     if mode == "synchronous" and num_workers >= 4:
         return (
             f"overlap=True in synchronous mode with {num_workers} workers: the steps taken while a round closes "
-            "start from weights that miss that round's average; benchmarks/convergence.py (simulator, 3 seeds) "
-            "measured the synchronous default at 4 workers 3.8 points behind blocking rounds on the Conv1D task and "
-            "1.3 on the tabular one (elsewhere, and at 2 workers, within 0.7 point or 1.8 % of the regression's "
-            "loss; EASGD at its window of 32 unchanged). Use overlap=False or fewer workers."
+            "start from weights that miss that round's average, which costs accuracy against blocking rounds. "
+            f"Use overlap=False or fewer workers {_see(OVERLAP_SECTION)}."
         )
     if window is not None and window < 5:
         return (
             f"overlap=True with a window of {window} steps: each delta then misses the center updates of one more "
-            "flight, which doubles the staleness of short windows; benchmarks/convergence.py measured DOWNPOUR and "
-            "DC-ASGD at window 1 up to 10 points further behind plain Keras at 2 workers and 19 at 4 with overlap "
-            "than without (no loss for AGN, DynSGD and AEASGD at windows of 5 to 32). Use a longer window or "
-            "overlap=False."
+            "flight, which doubles the staleness of a short window and lets momentum overshoot. Use a window of 5 "
+            f"steps or more, or overlap=False {_see(OVERLAP_SECTION)}."
         )
     return None
 
@@ -248,7 +255,7 @@ def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_worke
                            window: int | None) -> str | None:
     """The fit-start warning for the default block momentum at 8 or more workers under an adaptive optimizer, else None.
 
-    Measured with windows of steps; ``window`` is the fit's (None: one commit per pass).
+    Only fits that commit in windows of steps are warned; ``window`` is the fit's (None: one commit per pass).
     """
     outer = getattr(rule, "outer", None)  # the rules with an outer step (model averaging, DelayedNesterov)
     if outer is None or outer.momentum is not None or not adaptive or num_workers < 8 or window is None:
@@ -256,16 +263,15 @@ def block_momentum_warning(rule: DistributedOptimizer, adaptive: bool, num_worke
     beta = outer.resolve_momentum(num_workers)
     return (
         f"{type(rule).__name__} with block momentum {beta:g} at {num_workers} workers and an adaptive local "
-        f"optimizer: its steady step is {1 / (1 - beta):g} times the workers' mean progress, and "
-        "benchmarks/convergence.py measured the synchronous default at 8 workers (windows of 16 steps) 5.5 and 3.5 "
-        "points behind plain Keras after a first epoch on a GRU trained with Adam (two seeds) and 2.7 on a Conv2D "
-        "trained with RMSprop, within 1.8 after the second (simulator). Check the first epochs against a short plain "
-        "Keras run, train more epochs or use fewer workers."
+        f"optimizer: its steady step is {1 / (1 - beta):g} times the workers' mean progress, and the first epochs "
+        "end behind plain Keras. Check the first epochs against a short plain Keras run, train more epochs or use "
+        f"fewer workers {_see(BLOCK_MOMENTUM_SECTION)}."
     )
 
 
-#: The most workers at which the asynchronous default, its rate scaled and ramped, was measured within the
-#: target after a second epoch (Spark, 3 seeds; docs/convergence.md "Measured on Spark, 4 and 8 workers").
+#: The most workers at which the asynchronous default, its rate scaled and ramped (or started by the driver's
+#: head), is known to catch up with plain Keras by the end of a second epoch: up to it, only one-epoch fits are
+#: warned about; beyond it, two-epoch fits too (docs/convergence.md, "Measured on Spark, 4 and 8 workers (3 seeds)").
 TWO_EPOCHS_HELD_WORKERS = 8
 
 
@@ -274,70 +280,48 @@ def async_window_warning(rule: DistributedOptimizer, adaptive: bool, num_workers
                          head: bool = False) -> str | None:
     """The fit-start warning for asynchronous windows at 4 or more workers under an adaptive optimizer, else None.
 
-    Measured with the asynchronous default on long passes (DelayedNesterov, no outer momentum): with the workers'
-    rate scaled at 2 to 4 workers (windows of 32 steps; at 4 after a head, of 16:
-    :data:`~elephant.optimizers.local.MAX_ASYNC_LAG`) and, ramped, at 8 (windows of 16), and unscaled (windows of
-    32); ``window`` is the fit's (None: one commit per pass, which the warning leaves alone). With the rate
-    scaled the misses measured are those of the first epoch at 5 to 8 workers (the second ended within the target
-    on Spark at 8) and of the first two elsewhere, so a fit of more ``epochs`` is not warned. A fit whose first
-    epoch commits in shorter windows while the rate ramps (``warmup_window``) is told what was measured with them,
-    and one whose driver trains the first epoch's first steps (``head``: ``FitPlan.head_steps``) what was measured
-    with that (at 4 workers too, where after a head only the first epoch was measured behind).
+    Warned: the asynchronous default (DelayedNesterov) committing in windows (``window`` not None; one commit per
+    pass is left alone) under an adaptive optimizer at 4 or more workers. Where its workers train at a scaled rate
+    the first epoch is the one that trails plain Keras up to :data:`TWO_EPOCHS_HELD_WORKERS` workers when the rate
+    ramps up or the driver trains a head (``head``: ``FitPlan.head_steps``), and the first two elsewhere, so a fit
+    of more ``epochs`` (None: unknown) is not warned; at the compiled rate every fit is. The warning says which of
+    these cases the fit is in (a head, the first epoch's shorter windows while the rate ramps: ``warmup_window``,
+    or a window fixed throughout) and points to the section of docs/convergence.md that holds its figures.
     """
     if rule.name != "delayednesterov" or not adaptive or num_workers < 4 or window is None:
         return None
     scaled = bool(getattr(rule, "sqrt_scaling", None))
     ramped = num_workers > MAX_SCALED_WORKERS  # sqrt(K), ramped up over the first epoch
-    # the epochs measured behind: the first one where the rate ramps or a head starts it, up to 8 workers
+    # the epochs that trail plain Keras: the first one where the rate ramps or a head starts it, up to 8 workers
     behind = 1 if num_workers <= TWO_EPOCHS_HELD_WORKERS and (ramped or head) else 2
     if scaled and epochs is not None and epochs > behind:
         return None
-    if scaled and ramped and head:
+    if not scaled:
         return (
-            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            "times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
-            "seeds, the driver training the first epoch's first steps) up to 3.6 points behind plain Keras after a "
-            "first epoch on a GRU trained with Adam (1.5 ahead at another seed; windows of 13 steps) and up to 0.7 "
-            "on a Conv2D trained with RMSprop (windows of 16; the synchronous default up to 0.5 and 1.0), and level "
-            "or above after the second. For "
-            "one-epoch fits (two beyond 8 workers, where the second was not measured) prefer mode='synchronous', "
-            "or check the first epochs against a short plain Keras run."
+            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at its compiled rate: "
+            "the first epoch ends far behind plain Keras and the second still behind, where the synchronous default "
+            "catches up. For fits of one or two epochs prefer mode='synchronous', or check the first epochs against "
+            f"a short plain Keras run {_see(ASYNC_RAMPED_SECTION)}."
         )
-    if scaled and ramped:
-        measured = ("2.7 to 9.4 points behind plain Keras after a first epoch on a GRU trained with Adam and up to "
-                    "2.8 on a Conv2D trained with RMSprop, committing in windows of 4 steps while the first epoch "
-                    "ramps the rate (the synchronous default up to 5.1 and 2.4), and within 0.9 points of it or above "
-                    "after the second" if warmup_window is not None else
-                    "2.5 to 12.2 points behind plain Keras after a first epoch on a GRU trained with Adam and 5.7 to "
-                    "40.6 on a Conv2D trained with RMSprop (the synchronous default up to 5.8 and 3.2 to 14.9), and "
-                    "within half a point of it or above after the second")
-        return (
-            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            f"times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (8 workers, 3 "
-            f"seeds) {measured}. For one-epoch fits (two beyond 8 workers, where the second was not measured) prefer "
-            "mode='synchronous', or check the first epochs against a short plain Keras run."
-        )
-    if scaled:  # the workers train at sqrt(K) times the rate (2 to 4 workers)
-        measured = ("and 5 seeds, the driver training the first epoch's first steps, windows of 16 steps) up to 2.3 "
-                    "points behind plain Keras after a first epoch on a GRU trained with Adam (0.4 on the mean of 5 "
-                    "seeds, 4.6 ahead at another) and up to 0.4 on a Conv2D trained with RMSprop (the synchronous "
-                    "default up to 0.9 and 0.4), and level or above after the second" if head else
-                    "seeds) 2.4 to 8.9 points behind plain Keras after a first epoch on a GRU trained with Adam and "
-                    "1.8 to 5.1 on a Conv2D trained with RMSprop, and within 1.2 points after the second (the "
-                    "synchronous default: 1.8 behind on both after the first, on average)")
-        return (
-            f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
-            f"times its rate: benchmarks/convergence.py measured the asynchronous default on Spark (4 workers, 3 "
-            f"{measured}. For one-epoch fits prefer mode='synchronous', or check the first epoch against a short "
-            "plain Keras run."
-        )
+    first = "the first epoch" if behind == 1 else "the first two epochs"
+    fits = "one-epoch fits" if behind == 1 else "fits of one or two epochs"
+    if head:
+        how, section = f"after the driver's head, {first} can still end behind plain Keras", ASYNC_HEAD_SECTION
+    elif not ramped:  # 4 workers, no head: the first two epochs
+        how, section = ("without a head on the driver, the first epoch can end several points behind plain Keras and "
+                        "the second just behind, further than the synchronous default's", ASYNC_SCALED_SECTION)
+    elif warmup_window is not None:
+        how, section = (f"without a head on the driver the rate ramps up over the first epoch, and {first} can end "
+                        "several points behind plain Keras, further than the synchronous default's",
+                        ASYNC_RAMPED_SECTION)
+    else:
+        how, section = ("without a head on the driver and with a window fixed for every epoch (no shorter windows "
+                        f"while the rate ramps up), {first} can end far behind plain Keras, further than the "
+                        "synchronous default's", ASYNC_RAMPED_SECTION)
     return (
-        f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer: "
-        "benchmarks/convergence.py measured the asynchronous default on Spark (3 seeds) 20 to 30 points behind "
-        "plain Keras after a first epoch on a GRU trained with Adam (4 and 8 workers) and on a Conv2D trained with "
-        "RMSprop (8 workers), and 2.4 to 8.7 behind after the second, where the synchronous default was within 1 "
-        "point on the GRU after the second (an MLP trained with Adam held in both modes). For fits of one or two "
-        "epochs prefer mode='synchronous', or check the first epochs against a short plain Keras run."
+        f"Asynchronous windows at {num_workers} workers with an adaptive local optimizer at sqrt({num_workers}) "
+        f"times its rate: {how}. For {fits} prefer mode='synchronous', or check {first} against a short plain "
+        f"Keras run {_see(section)}."
     )
 
 
@@ -421,7 +405,7 @@ class FitPlan:
                 "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
 
     def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
-        """This plan with its decided window re-decided from an epoch's measured costs (else unchanged)."""
+        """This plan with its decided window re-decided from an epoch's timed costs (else unchanged)."""
         choice = self.window_choice
         if choice is None or choice.measured or choice.window is None:  # one commit per pass stays so
             return self
@@ -432,8 +416,8 @@ class FitPlan:
         return dataclasses.replace(self, window=choice.window, window_choice=choice)
 
     def warnings(self, mode: str, epochs: int | None = None) -> list[str]:
-        """The fit-start warnings for settings measured to train worse (the rule's and ``overlap``'s) in a fit of
-        ``epochs`` epochs (None: unknown)."""
+        """The fit-start warnings for settings known to train worse than plain Keras (the rule's and
+        ``overlap``'s) in a fit of ``epochs`` epochs (None: unknown)."""
         found = [self.rule.setup_warning(self.window, self.num_workers, self.splits_batch),
                  overlap_warning(self.overlap, mode, self.window, self.num_workers),
                  block_momentum_warning(self.rule, self.adaptive, self.num_workers, self.window)

@@ -12,8 +12,7 @@ from elephant.optimizers.outer import OuterMomentum, axpy, fusable, momentum_buf
 
 #: The outer momentum of a fit that commits every ``window`` steps when ``outer_momentum`` is not
 #: given: none (asynchronous model averaging, the batch split among the workers). Block momentum
-#: ``1 − 1/K`` over windows was measured to overshoot (docs/convergence.md, "big models, big data,
-#: many workers").
+#: ``1 − 1/K`` over windows overshoots (docs/convergence.md, "The asynchronous default on long passes").
 WINDOWED_MOMENTUM = 0.0
 
 
@@ -43,12 +42,11 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     The default window is one commit per partition pass: every worker then
     starts its pass from the same center, so the deltas of a virtual round share
     their start and the rule is exactly synchronous averaging with outer
-    Nesterov, without the barrier. With short windows a worker's next delta is
-    measured from a center that lacks the other workers' latest deltas and the
-    momentum term, and the outer momentum amplifies that staleness:
-    ``benchmarks/convergence.py`` measured windows of 8 steps 17-21 points
-    behind plain Keras at 4-8 workers, against -0.4 to +20 for one commit per
-    pass (docs/convergence.md).
+    Nesterov, without the barrier. With short windows a worker's next delta
+    starts from a center that lacks the other workers' latest deltas and the
+    momentum term, and the outer momentum amplifies that staleness: such fits
+    end far behind plain Keras at 4 or more workers, where one commit per pass
+    holds (docs/convergence.md, "Defaults").
 
     On long passes (room for 8 windows of 32 steps: big data) ``SparkModel``
     commits every ``window`` steps instead, the window decided from the fit's
@@ -56,14 +54,15 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     the workers' rate is scaled and never below 8; there also at most the
     window whose lag behind the center is 6 steps, ``MAX_ASYNC_LAG`` in
     ``elephant.optimizers.local``: 24 at 2 workers, 16 at 4, 13 at 8; 8 commits per
-    pass or more; beyond 4 workers short passes take the same windows, measured
-    better than one commit per pass), because one outer step
+    pass or more; beyond 4 workers short passes take the same windows, which
+    train better there than one commit per pass: docs/convergence.md, "Short
+    passes beyond 4 workers: the round's windows"), because one outer step
     per pass is too few: a one-epoch fit would get a single one, and with block
     momentum it lands ``1 + β`` times the workers' mean progress away from the
     start. Such windowed fits run without outer momentum
     (:data:`WINDOWED_MOMENTUM`) unless ``outer_momentum`` is given: block
-    momentum ``1 − 1/K`` over windows was measured to overshoot
-    (docs/convergence.md, "big models, big data, many workers").
+    momentum ``1 − 1/K`` over windows overshoots (docs/convergence.md,
+    "The asynchronous default on long passes").
 
     Under an adaptive local optimizer (Adam, RMSprop...) with the batch split
     among 2 to 4 workers, the workers train at ``√K`` times the compiled learning rate
@@ -74,8 +73,9 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
     a number, the factor ramped up from 1 over the first epoch as
     :class:`~elephant.optimizers.ModelAveraging` does; with one commit per
     pass (``frequency="epoch"``) it does not (each worker would train a whole
-    pass alone at up to four times the rate: measured worse,
-    docs/convergence.md) and the block momentum stays.
+    pass alone at up to four times the rate, which trains worse:
+    docs/convergence.md, "Beyond 4 workers: the factor ramped up over the
+    first epoch") and the block momentum stays.
 
     Args:
         window: local steps per commit. Default None: one commit per pass.
@@ -102,8 +102,9 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
             ``(K − 1)/K · window/2`` steps,
             :class:`~elephant.optimizers.local.LocalMomentum`): 0.77 for the
             compiled 0.9 at 8 workers committing every 13 steps. None (default)
-            where the workers' rate is scaled beyond 4 workers (at 2 and 4, with
-            windows of 32 steps, it was measured no better), True or False
+            where the workers' rate is scaled beyond 4 workers (at 2 and 4 it
+            did not help: docs/convergence.md, "The asynchronous workers'
+            running mean of the gradient (momentum_scaling)"), True or False
             forces it.
 
     Reference: B. Liu et al., "Asynchronous Local-SGD Training for Language
@@ -134,10 +135,10 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         if window is not None and window < self.window_from_costs and num_workers >= 4 and self.outer.momentum != 0:
             return (
                 f"DelayedNesterov with a window of {window} steps, {num_workers} workers and outer momentum: a "
-                "worker's next delta is measured from a center that lacks the others' latest deltas, and the outer "
-                "momentum amplifies that; benchmarks/convergence.py measured windows of 8 steps with block momentum "
-                "17 to 22 points behind plain Keras at 4-8 workers. Keep the default (one commit per pass on short "
-                "passes, windows without outer momentum on long ones) or pass outer_momentum=0."
+                "worker's next delta starts from a center that lacks the others' latest deltas, and the outer "
+                "momentum amplifies that staleness until the fit ends far behind plain Keras. Keep the default (one "
+                "commit per pass on short passes, windows without outer momentum on long ones) or pass "
+                'outer_momentum=0 (see docs/convergence.md, "Defaults").'
             )
         return super().setup_warning(window, num_workers, batch_split)
 
@@ -152,7 +153,7 @@ class DelayedNesterov(ScaledLocalRate, DistributedOptimizer):
         if self.momentum_scaling is False or window is None:  # one worker lags nothing: for_lag gives None
             return None
         ramped = int(num_workers) > MAX_SCALED_WORKERS and self.scaling_for_fit(local, num_workers, batch_split, True)
-        if self.momentum_scaling is None and not ramped:  # at 2 to 4 workers measured no better: as compiled
+        if self.momentum_scaling is None and not ramped:  # at 2 to 4 workers it did not help: as compiled
             return None
         return LocalMomentum.for_lag(local, asynchrony_lag(window, num_workers))
 

@@ -223,10 +223,9 @@ def asynchrony_lag(window: int, num_workers: int) -> float:
 #: Accuracy's bound on an asynchronous fit's decided windows where its workers train at a scaled rate (applied by
 #: :func:`elephant.fit.plan.window_cap`, down to its ``ROUND_MIN_WINDOW``): the windows keep each worker's
 #: :func:`asynchrony_lag` within this many steps, 24 at 2 workers, 16 at 4, 13 at 8 (the round bound's 32 and 16
-#: lagged 12 and 7 steps). A GRU's first epoch (Adam) at 4 workers went from 2.5 points behind plain Keras on the
-#: mean of 5 Spark seeds (windows of 32) to 1.3 (21, a lag of 8) and 0.4 (16), the worst seed from 5.5 to 2.3; at
-#: 8 workers in the simulator from 2.7 to 0.6 (3 seeds); at 2 workers the worst of 3 Spark seeds from 6.2 to 2.5
-#: (docs/convergence.md).
+#: lagged 12 and 7 steps). A worker that starts its window further behind the center trains its first epoch further
+#: behind plain Keras; the bound took most of that back at 2 to 8 workers (docs/convergence.md, "Asynchronous windows
+#: bounded by the workers' lag (MAX_ASYNC_LAG)").
 MAX_ASYNC_LAG = 6.0
 
 
@@ -290,22 +289,22 @@ class LocalMomentum:
 
 #: The most workers at which ``sqrt_scaling=None`` scales the workers' rate from the first step
 #: (``√K`` at most 2). Beyond, a rate ten times Keras' default trained at ``√K`` times it from
-#: the start collapsed (docs/convergence.md); the synchronous default ramps the factor up over
-#: the first epoch instead (:data:`MAX_RAMPED_WORKERS`), and so does the asynchronous one with windows
-#: (with one commit per pass it keeps its outer step).
+#: the start collapsed (docs/convergence.md, "The workers' rate under an adaptive optimizer"); the
+#: synchronous default ramps the factor up over the first epoch instead (:data:`MAX_RAMPED_WORKERS`),
+#: and so does the asynchronous one with windows (with one commit per pass it keeps its outer step).
 MAX_SCALED_WORKERS = 4
 
-#: The most workers at which ``sqrt_scaling=None`` scales a rule that ramps (``ramps_scaling``):
-#: as far as it was measured (docs/convergence.md; at 64 workers on the small workloads, batches
-#: of 1 or 2 per worker, the ramped factor took both defaults from 6 to 22 points behind plain Keras
-#: to 2 to 3).
+#: The most workers at which ``sqrt_scaling=None`` scales a rule that ramps (``ramps_scaling``): as far
+#: as the ramped factor was tried, where it brought both defaults most of the way back to plain Keras on
+#: batches of 1 or 2 per worker (docs/convergence.md, "The small workloads at 8, 16 and 32 workers
+#: (simulator, 3 seeds)", its 64 workers); beyond, the workers keep the compiled rate.
 MAX_RAMPED_WORKERS = 64
 
 
 #: The most local steps a ramp of the workers' factor takes: a longer first pass trains its
-#: remaining steps at the full factor. The small workloads' passes (42 to 94 steps) ramp whole;
-#: a GRU's 352-step first epoch at 8 workers was 18.2 points behind plain Keras ramped whole,
-#: 6.9 ramped over 128 steps (docs/convergence.md).
+#: remaining steps at the full factor. A short pass ramps whole; a GRU's long first pass ramped whole
+#: ended much further behind plain Keras than ramped over this many steps (docs/convergence.md,
+#: "Beyond 4 workers: the factor ramped up over the first epoch").
 RAMP_STEPS = 128
 
 

@@ -15,6 +15,7 @@ from elephant.optimizers import Commit, DelayedNesterov, ModelAveraging, get, si
 from elephant.optimizers.outer import OuterMomentum
 from elephant.optimizers.schedules import round_robin
 from elephant.optimizers.simulate import quadratic
+from tests.unit.helpers import check_points_to_the_figures
 
 
 def w(value):
@@ -161,7 +162,9 @@ def test_downpour_default_window_is_one_step():
 def test_delayed_nesterov_with_short_windows_and_many_workers_is_warned_about():
     assert DelayedNesterov().setup_warning(None, 8, batch_split=True) is None
     assert DelayedNesterov().setup_warning(8, 2, batch_split=True) is None
-    assert "window of 8 steps, 4 workers and outer momentum" in DelayedNesterov().setup_warning(8, 4, batch_split=True)
+    message = DelayedNesterov().setup_warning(8, 4, batch_split=True)
+    assert "window of 8 steps, 4 workers and outer momentum" in message and "amplifies that staleness" in message
+    assert "Keep the default" in message and check_points_to_the_figures(message) == "Defaults"
     assert "outer_momentum=0" in DelayedNesterov(outer_momentum=0.5).setup_warning(16, 8, batch_split=True)
     assert DelayedNesterov().setup_warning(32, 8, batch_split=True) is None  # the decided windows are not
     fitted = DelayedNesterov().for_fit(None, 8, True, 16)  # nor the default's windows at 8 workers: no momentum

@@ -20,7 +20,7 @@ from elephant.errors import ConfigError  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.ps.client import InProcessClient  # noqa: E402
 from elephant.ps.store import CommitKey, Store  # noqa: E402
-from tests.unit.helpers import tiny_model  # noqa: E402
+from tests.unit.helpers import check_points_to_the_figures, tiny_model  # noqa: E402
 
 
 class HeldClient(InProcessClient):
@@ -242,8 +242,15 @@ def test_overlap_is_warned_about_where_the_benchmark_measured_a_loss():
     from elephant.fit.plan import overlap_warning
 
     assert overlap_warning(False, "synchronous", 8, 4) is None
-    assert overlap_warning(True, "synchronous", 8, 2) is None  # within 0.7 point at 2 workers
-    assert "3.8 points behind blocking rounds" in overlap_warning(True, "synchronous", 8, 4)
-    assert "window of 1 steps" in overlap_warning(True, "asynchronous", 1, 2)
+    assert overlap_warning(True, "synchronous", 8, 2) is None  # within a point at 2 workers
+    rounds = overlap_warning(True, "synchronous", 8, 4)
+    assert "with 4 workers" in rounds and "miss that round's average" in rounds  # the risk
+    assert "Use overlap=False or fewer workers" in rounds  # the remedy
+    assert check_points_to_the_figures(rounds) == "Commits in flight (SparkModel(overlap=True))"
+    short = overlap_warning(True, "asynchronous", 1, 2)
+    assert "window of 1 steps" in short and "staleness" in short and "overlap=False" in short
+    assert check_points_to_the_figures(short) == "Commits in flight (SparkModel(overlap=True))"
+    assert overlap_warning(True, "asynchronous", 4, 2) is not None
     assert overlap_warning(True, "asynchronous", 5, 8) is None
+    assert overlap_warning(True, "synchronous", 1, 3) is not None  # a short window warns in synchronous mode too
     assert overlap_warning(True, "hogwild", 1, 1) is None  # one worker: nothing is stale
