@@ -68,7 +68,7 @@ class ADAG(NormalizedDeltas, DistributedOptimizer):
     modes = ("asynchronous",)
     default_window = 12
     elementwise = True
-    averaging_shortfall = "up to 5 points behind on an MLP with Adam"
+    averaging_shortfall = "most on an MLP trained with Adam"
 
     def __init__(self, window: int | None = None, gamma: float = 1e-4, staleness_bound: int | None = None,
                  step_scale: float | None = None, sqrt_scaling: bool | None = None):

@@ -35,12 +35,10 @@ class SqrtScaling:
 
     The argument is about steps: a window's delta is a few of them. With one
     commit per partition pass the delta is a whole pass, a displacement towards
-    a minimum rather than a step, and scaling it overshoots: the convergence
-    benchmark (simulator, seed 0) measured DynSGD with ``frequency="epoch"`` at
-    2 workers 5.8 points behind plain Keras with the factor and 0.2 ahead
-    without on digits, 40.8 behind against 1.5 ahead on the Conv2D task, while
-    AGN at window 32 gained with it (Conv2D +3.6 against −1.5 at 2 workers,
-    +1.5 against −5.4 at 4).
+    a minimum rather than a step, and scaling it overshoots: DynSGD with
+    ``frequency="epoch"`` trained worse with the factor than without, while AGN
+    with windows of steps trained better with it (docs/convergence.md, "Named
+    rules at their default window").
 
     ``sqrt_scaling=None`` (the default) is decided by :meth:`for_fit`: on when
     the batch is split among more than one worker, the model's optimizer adapts
@@ -131,7 +129,7 @@ class AGN(NormalizedDeltas, DistributedOptimizer):
     modes = ("asynchronous", "hogwild")
     default_window = 12
     elementwise = True
-    averaging_shortfall = "2.5 points behind on an MLP with Adam"
+    averaging_shortfall = "most on an MLP trained with Adam"
 
     def __init__(self, window=None, step_scale=None, staleness_bound=None, sqrt_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)

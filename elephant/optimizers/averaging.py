@@ -38,23 +38,22 @@ class ModelAveraging(ScaledLocalRate, DistributedOptimizer):
     workers (BMUF's ``1 − 1/K``, capped), Nesterov form: a mean only moves the
     center by one worker's progress, and in steady state the momentum makes
     that ``α/(1 − β) = min(K, 4)`` workers' worth, smoothed over rounds. The cap
-    (:data:`MAX_GAIN`) is measured: at 8 to 32 workers, ``1 − 1/K`` overshot
-    (``benchmarks/outer_step.py``: 28 points behind plain Keras on a Conv2D
-    trained with RMSprop at 8 workers, and oscillating at 16 and 32 on a
-    Conv1D), where a gain of 4 held or gained in 10 of 12 comparisons (and
-    lost 4 points on a Conv2D that stayed 4.5 above plain Keras, and 2 % of
-    MSE on a regression that stayed within 1.3 % of it). Together with the batch split
-    (``splits_batch``: each worker trains ``batch_size / K``), this is what
-    brings averaging to plain Keras' accuracy at equal epochs in
-    ``benchmarks/convergence.py``; with one worker ``β = 0`` and the rule is
-    exactly sequential training.
+    (:data:`MAX_GAIN`) is there because at 8 to 32 workers ``1 − 1/K``
+    overshot (a Conv2D trained with RMSprop diverged at 8 workers, a Conv1D
+    oscillated at 16 and 32), where a gain of 4 held or gained in most
+    comparisons (docs/convergence.md, "The outer step at 8 to 32 workers").
+    Together with the batch split (``splits_batch``: each worker trains
+    ``batch_size / K``), this is what brings averaging to plain Keras' accuracy
+    at equal epochs (docs/convergence.md, "The defaults"); with one worker
+    ``β = 0`` and the rule is exactly sequential training.
 
     Under an adaptive local optimizer (Adam, RMSprop...) with the batch split
     among 2 to 4 workers, the workers instead train at ``√K`` times the compiled learning rate
     (``sqrt_scaling``, :class:`~elephant.optimizers.local.ScaledLocalRate`) and the
     default outer step is plain averaging: the scaled rate already makes the
     mean delta about one step of the full batch, and block momentum on top of
-    it was measured to overshoot in the first epochs (docs/convergence.md).
+    it overshoots in the first epochs (docs/convergence.md, "The workers' rate
+    under an adaptive optimizer").
     From 5 to 64 workers the same holds when the compiled rate is a number, with
     the factor ramped up from 1 over the first epoch (``ramps_scaling``): from
     the first step it collapsed at high rates.

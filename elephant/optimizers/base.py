@@ -43,10 +43,21 @@ __all__ = [
     "serialize",
     "deserialize",
     "registered_names",
+    "see_docs",
     "staleness",
     "tree_map",
     "worker_batch_size",
 ]
+
+#: The page that holds the figures behind the rules' fit-start warnings, and the sections they point to.
+CONVERGENCE_DOCS = "docs/convergence.md"
+AVERAGING_SECTION = "Why averaging falls behind, and the two fixes in the defaults"
+NAMED_RULES_SECTION = "Named rules at their default window"
+
+
+def see_docs(section: str, page: str = CONVERGENCE_DOCS) -> str:
+    """The pointer a fit-start warning ends with: the docs section that holds its figures."""
+    return f'(see {page}, "{section}")'
 
 
 def _check_window(window: Any) -> int:
@@ -156,9 +167,13 @@ class DistributedOptimizer:
     #: Rules that add every delta whole (DOWNPOUR) keep the full batch per worker.
     splits_batch: ClassVar[bool] = False
     #: For an asynchronous rule that averages the workers' progress without an outer
-    #: step: the shortfall ``benchmarks/convergence.py`` measured against plain training
-    #: at 4 workers with the batch split, quoted by :meth:`setup_warning` from 4 workers on.
+    #: step: where it falls short of plain training at 4 workers with the batch split, in
+    #: words (which workloads, which local optimizers), named by :meth:`setup_warning` from
+    #: 4 workers on. None: no such warning.
     averaging_shortfall: ClassVar[str | None] = None
+    #: The docs section that holds the figures behind ``averaging_shortfall``, as the
+    #: warning names it: ``docs/<page>.md, "<section title>"``.
+    averaging_figures: ClassVar[str] = f'{CONVERGENCE_DOCS}, "{NAMED_RULES_SECTION}"'
     #: Whether a worker may train on while its commit is in flight (asynchronous modes):
     #: the runtime then applies :meth:`on_reply` to the weights as they were sent and adds
     #: the local progress made meanwhile. A rule that needs each reply before the next
@@ -294,23 +309,25 @@ class DistributedOptimizer:
         or None. ``SparkModel.fit`` logs the answer as a warning at the start of the fit.
 
         The base class warns when an averaging rule (``splits_batch``) runs with full
-        batches per worker, and quotes ``averaging_shortfall`` from 4 workers on; rules override it to add what the convergence benchmark
-        measured for them (and call ``super()``).
+        batches per worker, and names ``averaging_shortfall`` from 4 workers on. Rules
+        override it to add their own cases (and call ``super()``): each warning says what
+        is risky and what to do, and ends with the docs section that holds the figures
+        (:func:`see_docs`), never the figures themselves.
         """
         if self.splits_batch and not batch_split and num_workers > 1:
             return (
                 f"{type(self).__name__} moves the center by about the mean of the workers' progress, and with "
                 f"batch_split=False each of the {num_workers} workers takes 1/{num_workers} of plain training's "
-                "steps per epoch, so the center falls behind model.fit at equal epochs (benchmarks/convergence.py "
-                "measured synchronous averaging 3 to 9 points behind at 2 workers and 15 to 20 at 4). Keep the "
-                "default batch split (SparkModel(batch_split=None)) unless you scale the epochs."
+                "steps per epoch, so the center falls behind model.fit at equal epochs, further with more workers. "
+                "Keep the default batch split (SparkModel(batch_split=None)) unless you scale the epochs "
+                f"{see_docs(AVERAGING_SECTION)}."
             )
         if self.averaging_shortfall and self.splits_batch and batch_split and num_workers >= 4:
             return (
                 f"{type(self).__name__} with {num_workers} workers averages the workers' progress without an outer "
                 "momentum step, and with the batch split among them it falls behind plain training at equal epochs "
-                f"({self.averaging_shortfall}, benchmarks/convergence.py at 4 workers). For parity use the "
-                "asynchronous default (optimizer=None: DelayedNesterov, one commit per pass) or train more epochs."
+                f"({self.averaging_shortfall}). For parity use the asynchronous default (optimizer=None: "
+                f"DelayedNesterov, one commit per pass) or train more epochs (see {self.averaging_figures})."
             )
         return None
 

@@ -134,6 +134,7 @@ class Compressed(DistributedOptimizer):
         self.default_window = inner.default_window
         self.splits_batch = inner.splits_batch
         self.averaging_shortfall = inner.averaging_shortfall
+        self.averaging_figures = inner.averaging_figures
         self.overlaps = inner.overlaps
         self.streams_rounds = inner.streams_rounds
         self.elementwise = inner.elementwise  # shards decode their slices (the plan cuts at block ends)

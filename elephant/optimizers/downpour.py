@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elephant.optimizers.base import DistributedOptimizer, register, tree_map
+from elephant.optimizers.base import NAMED_RULES_SECTION, DistributedOptimizer, register, see_docs, tree_map
 
 
 @register
@@ -22,12 +22,10 @@ class Downpour(DistributedOptimizer):
 
     The default window is one step. A delta that another worker's commits
     overtook is added whole all the same, and with the user's momentum or Adam
-    running on every replica the stale deltas overshoot: measured by
-    ``benchmarks/convergence.py`` (five workloads, the user's own optimizer),
-    window 5 (dist-keras' default) ended 3 to 14 points behind plain Keras at 2
-    workers and 12 to 28 at 4, window 2 up to 15 points behind at 4 workers,
-    while window 1 stayed within 2 points on 9 of the 10 workload-worker pairs
-    (the Conv1D task at 4 workers: 3.5 points behind).
+    running on every replica the stale deltas overshoot: windows of 5 steps
+    (dist-keras' default) and of 2 end far behind plain Keras, further with
+    more workers, where windows of one step keep up on most workloads
+    (docs/convergence.md, "Named rules at their default window").
     ``setup_warning`` says so when the staleness of a delta in local steps,
     ``(K − 1)·window``, reaches 4.
 
@@ -49,17 +47,16 @@ class Downpour(DistributedOptimizer):
         if num_workers > 1 and window is None:
             return (
                 f"DOWNPOUR adds every worker's whole-partition delta to the center, so with {num_workers} workers and "
-                f"frequency='epoch' the center moves about {num_workers} times as far as one worker did and oscillates "
-                "(benchmarks/convergence.py: 14 to 23 points behind plain Keras on digits and tabular tasks). "
-                "Use the asynchronous default (optimizer=None, DelayedNesterov) or DOWNPOUR's default window of one step."
+                f"frequency='epoch' the center moves about {num_workers} times as far as one worker did and "
+                "oscillates, far behind plain Keras. Use the asynchronous default (optimizer=None, DelayedNesterov) or "
+                f"DOWNPOUR's default window of one step {see_docs(NAMED_RULES_SECTION)}."
             )
         if window is not None and window > 1 and (num_workers - 1) * window >= 4:
             return (
                 f"DOWNPOUR with a window of {window} steps and {num_workers} workers adds deltas that are "
                 f"{(num_workers - 1) * window} local steps stale on average, whole; with the compiled optimizer's "
-                "momentum they overshoot (benchmarks/convergence.py: window 5 ended 3 to 14 points behind plain Keras "
-                "at 2 workers and 12 to 28 at 4; window 2 up to 15 at 4). Use window=1 (DOWNPOUR's default) or the "
-                "asynchronous default (optimizer=None)."
+                "momentum they overshoot, and the fit ends behind plain Keras, further with more workers. Use window=1 "
+                f"(DOWNPOUR's default) or the asynchronous default, optimizer=None {see_docs(NAMED_RULES_SECTION)}."
             )
         return super().setup_warning(window, num_workers, batch_split)
 

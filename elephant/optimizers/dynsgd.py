@@ -25,8 +25,8 @@ class DynSGD(SqrtScaling, DistributedOptimizer):
     DynSGD is DOWNPOUR. In a homogeneous cluster ``E[τ] ≈ n − 1``, so each
     commit moves the center by about ``1/n`` of a worker's progress: DynSGD
     averages, and ``SparkModel`` splits the batch among the workers for it
-    (``splits_batch``), which the convergence benchmark measured 3-5 points
-    better than full batches per worker at 2 workers. When the model's
+    (``splits_batch``), which trains better than full batches per worker
+    (docs/convergence.md, "Named rules at their default window"). When the model's
     optimizer is adaptive (Adam, RMSprop...), each delta is also multiplied by
     ``√n`` by default (``sqrt_scaling``, see
     :class:`~elephant.optimizers.agn.SqrtScaling`).
@@ -51,7 +51,7 @@ class DynSGD(SqrtScaling, DistributedOptimizer):
     default_window = 5
     elementwise = True
     splits_batch = True
-    averaging_shortfall = "up to 4 points behind on a Conv1D with momentum SGD"
+    averaging_shortfall = "most on a Conv1D trained with momentum SGD"
 
     def __init__(self, window=None, staleness_bound=None, sqrt_scaling=None):
         super().__init__(window=window, staleness_bound=staleness_bound)

@@ -16,7 +16,8 @@ import logging
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import (NAMED_RULES_SECTION, DistributedOptimizer, check_number, register, see_docs,
+                                      tree_map)
 from elephant.optimizers.local import local_setting
 
 logger = logging.getLogger(__name__)
@@ -113,18 +114,16 @@ class _Elastic(DistributedOptimizer):
         if self.progress_scale is not None and self.progress_scale <= 1.0:
             return (
                 f"{type(self).__name__} with progress_scale={self.progress_scale:g} trails plain training at equal "
-                "epochs: an exchange conserves the sum of the center and the workers, so the center is one more "
-                "body sharing the workers' progress. benchmarks/convergence.py measured the paper's rule 3 to 7 "
-                "points behind plain Keras at 2 workers and up to 15 at 4. Keep progress_scale=None, or use the "
-                "mode's default (optimizer=None)."
+                "epochs, further with more workers: an exchange conserves the sum of the center and the workers, so "
+                "the center is one more body sharing the workers' progress. Keep progress_scale=None, or use the "
+                f"mode's default, optimizer=None {see_docs(NAMED_RULES_SECTION)}."
             )
         if num_workers >= 4:
             return (
-                f"{type(self).__name__} with {num_workers} workers: benchmarks/convergence.py measured the EASGD "
-                "family at 4 workers within 2 points of plain Keras with momentum SGD, but 3 to 10 points behind "
-                "with Adam or RMSprop (14 % higher loss on a regression): with the batch split 4 ways an adaptive "
-                "optimizer's steps are noisier, and the elastic exchange does not make that up. For parity use the "
-                "mode's default (optimizer=None) or train more epochs."
+                f"{type(self).__name__} with {num_workers} workers: with the batch split among them an adaptive local "
+                "optimizer's (Adam, RMSprop...) steps are noisier, and the elastic exchange does not make that up, so "
+                "the fit falls behind plain Keras at equal epochs (momentum SGD keeps up). For parity use the mode's "
+                f"default (optimizer=None) or train more epochs {see_docs(NAMED_RULES_SECTION)}."
             )
         return None
 

@@ -135,12 +135,17 @@ def test_worker_batch_size(batch, workers, split, expected):
 def test_averaging_without_batch_split_is_warned_about():
     assert ModelAveraging().setup_warning(8, 2, batch_split=True) is None
     message = ModelAveraging().setup_warning(8, 4, batch_split=False)
-    assert "batch_split=False" in message and "1/4 of plain training's steps" in message
+    assert "batch_split=False" in message and "1/4 of plain training's steps" in message  # the risk
+    assert "Keep the default batch split" in message  # the remedy
+    assert check_points_to_the_figures(message) == "Why averaging falls behind, and the two fixes in the defaults"
     assert ModelAveraging().setup_warning(8, 1, batch_split=False) is None  # one worker: nothing to split
 
 
 def test_downpour_with_one_commit_per_pass_is_warned_about():
-    assert "frequency='epoch'" in get("downpour").setup_warning(None, 2, batch_split=False)
+    message = get("downpour").setup_warning(None, 2, batch_split=False)
+    assert "frequency='epoch'" in message and "2 times as far as one worker did and oscillates" in message
+    assert "Use the asynchronous default" in message and "default window of one step" in message
+    assert check_points_to_the_figures(message) == "Named rules at their default window"
     assert get("downpour").setup_warning(1, 2, batch_split=False) is None
     assert get("downpour").setup_warning(None, 1, batch_split=False) is None
 
@@ -153,6 +158,8 @@ def test_downpour_with_stale_windows_is_warned_about(window, workers, warned):
     assert (message is not None) == warned
     if warned:
         assert f"window of {window} steps and {workers} workers" in message and "window=1" in message
+        assert f"{(workers - 1) * window} local steps stale" in message and "overshoot" in message
+        assert check_points_to_the_figures(message) == "Named rules at their default window"
 
 
 def test_downpour_default_window_is_one_step():
@@ -177,9 +184,12 @@ def test_elastic_rules_warn_from_four_workers_and_in_the_papers_form(name):
     assert rule.setup_warning(rule.window, 1, batch_split=True) is None
     assert rule.setup_warning(rule.window, 2, batch_split=True) is None
     message = get(name).for_fit(None, 4, True, 32).setup_warning(rule.window, 4, batch_split=True)
-    assert "3 to 10 points behind" in message and "optimizer=None" in message
+    assert "with 4 workers" in message and "adaptive local optimizer" in message and "falls behind" in message
+    assert "optimizer=None" in message and check_points_to_the_figures(message) == "Named rules at their default window"
     paper = get(name, progress_scale=1.0).setup_warning(rule.window, 2, batch_split=True)
-    assert "3 to 7 points behind" in paper and "progress_scale=None" in paper
+    assert "progress_scale=1" in paper and "one more body sharing the workers' progress" in paper
+    assert "progress_scale=None" in paper and "further with more workers" in paper
+    assert check_points_to_the_figures(paper) == "Named rules at their default window"
     # the batch-split warning of the base class comes first
     assert "batch_split=False" in rule.setup_warning(rule.window, 2, batch_split=False)
 
@@ -189,7 +199,13 @@ def test_asynchronous_averaging_rules_warn_from_four_workers(name):
     rule = get(name)
     assert rule.setup_warning(rule.window, 2, batch_split=True) is None
     message = rule.setup_warning(rule.window, 4, batch_split=True)
-    assert "with 4 workers averages" in message and "DelayedNesterov" in message
+    assert "with 4 workers averages" in message and "falls behind plain training" in message  # the risk
+    assert f"({rule.averaging_shortfall})" in message and "DelayedNesterov" in message  # where, and the remedy
+    assert check_points_to_the_figures(message) == "Named rules at their default window"
+    compressed = get("compressed", inner=rule)  # the inner rule's shortfall, figures and warning
+    assert (compressed.averaging_shortfall, compressed.averaging_figures) == (rule.averaging_shortfall,
+                                                                              rule.averaging_figures)
+    assert compressed.setup_warning(rule.window, 4, batch_split=True) == message
     assert "batch_split=False" in rule.setup_warning(rule.window, 4, batch_split=False)
 
 
