@@ -189,7 +189,7 @@ def test_a_server_that_never_answers_is_a_timeout_error_not_a_hang():
             with pytest.raises(PSError, match=rf"pull \(worker 2\) to parameter server 127\.0\.0\.1:{port} failed "
                                               r"after 2 attempts: .*(timed out|Timeout)"):
                 client.pull(2)
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 10  # two reads of 0.2 s and their connections, on a busy machine too
 
 
 def test_a_closed_port_is_a_connection_error_naming_host_and_port():

@@ -118,7 +118,7 @@ def test_a_stalled_server_fails_the_call_within_timeout_times_retries_and_traini
         with pytest.raises(PSError, match="failed after 3 attempts"):
             client.commit(key, 1, commit)
         elapsed = time.monotonic() - started
-    assert elapsed < (retries + 1) * (read_timeout + 0.3) + 1.0, elapsed
+    assert elapsed < (retries + 1) * (read_timeout + 0.3) + 5.0, elapsed  # bounded, with room for a busy machine
     proxy.stalled.clear()
     time.sleep(0.1)  # requests forwarded late are applied (or not) once each
     with PSClient(url, TOKEN, read_timeout=5, retries=3, backoff=0.01) as client:

@@ -208,7 +208,7 @@ def test_stop_does_not_wait_for_idle_keep_alive_connections():
         assert conn.getresponse().read()  # the connection stays open and idle in a handler thread
         started = time.monotonic()
         server.stop()
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 10.0  # far below the connection's idle timeout of 30 s, on a busy machine too
         assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     finally:
         conn.close()
@@ -314,9 +314,7 @@ def test_slow_requests_and_silent_connections_expire():
         slow.sendall(b"GET /health HTTP/1.1\r\n")  # never finishes its head
         silent.settimeout(5)
         slow.settimeout(5)
-        started = time.monotonic()
-        assert silent.recv(10) == b"" and slow.recv(10) == b""  # closed by the server
-        assert time.monotonic() - started < 2.0
+        assert silent.recv(10) == b"" and slow.recv(10) == b""  # closed by the server (the client's wait is 5 s)
         assert server.connections_expired == 2
         assert get(server.port, "/health")[0] == 200
         silent.close()

@@ -249,24 +249,22 @@ def test_trials_run_concurrently_up_to_parallelism():
             state["now"] -= 1
         return {"score": params["x"]}
 
-    t0 = time.monotonic()
     result = run_search(objective, SPACE, max_evals=6, parallelism=3, seed=0)
-    assert len(result.trials) == 6 and state["peak"] == 3
-    assert time.monotonic() - t0 < 6 * 0.3  # not sequential
+    assert len(result.trials) == 6 and state["peak"] == 3  # three at once, never more
 
 
 def test_timeout_cancels_running_trials_and_returns_promptly():
-    started = []
+    started, cancelled = [], []
 
     def objective(params, job):
         started.append(params["x"])
-        if not job.cancelled.wait(30):  # a stuck fit, until the driver cancels it
+        cancelled.append(job.cancelled.wait(30))  # a stuck fit, until the driver cancels it
+        if not cancelled[-1]:
             return {"score": 0.0}
         raise RuntimeError("job cancelled")
 
-    t0 = time.monotonic()
     result = run_search(objective, SPACE, max_evals=5, parallelism=2, timeout=0.5, seed=0)
-    assert time.monotonic() - t0 < 3
+    assert cancelled == [True, True]  # both running trials were cancelled, not waited for
     assert len(result.trials) == 2 == len(started)  # no trial starts after the deadline
     assert all(t.status == "timeout" and "time limit reached" in t.error for t in result.trials)
     assert result.best_trial is None
