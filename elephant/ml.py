@@ -13,6 +13,9 @@ driver's Python).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
 from typing import Any
 
 from pyspark import keyword_only
@@ -24,68 +27,108 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
 
-__all__ = ["KerasEstimator", "KerasModel"]
+__all__ = ["KerasEstimator", "KerasModel", "SETTING_PARAMS"]
 
 _MODEL_DIR = "model"  # beside metadata/: the .keras archive, one binary row in Parquet
 _TASKS = ("classification", "regression")
-_SETTINGS, _FIT = Settings.defaults(), FitArgs.defaults()
-_MODE, _EPOCHS, _BATCH = _SETTINGS["mode"], _FIT["epochs"], 32  # as SparkModel and its fit (Keras' 32)
-_FREQUENCY = ""  # SparkModel's frequency=None: the distributed optimizer's own window
-_PLACEMENTS = ("", "driver", "executors")  # SparkModel's ps_placement; "" is None (decided)
+_FIT = FitArgs()  # fit's defaults, resolved (batch_size None is Keras' 32)
 
 
-def _to_frequency(value: Any) -> str:
-    """``frequency`` as a Param string: ``""`` (the optimizer's window), ``"epoch"``, ``"batch"`` or a positive int."""
-    text = "" if value is None else str(value)
-    if text in ("", "epoch", "batch") or (text.isdigit() and int(text) > 0):
-        return text
-    raise TypeError(f"frequency must be '', 'epoch', 'batch' or a positive int; received {value!r}")
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.title() for word in rest)
+
+
+#: Each :class:`~elephant.config.Settings` field is a Param of the estimator (and of the model it makes),
+#: named in camelCase (``num_workers``: ``numWorkers``), with the field's default and checked by Settings at ``fit``.
+SETTING_PARAMS = {name: _camel(name) for name in Settings.names()}
+
+#: The one translation between Spark ML's Params and Settings: the values that these stages took for "unset"
+#: before their Params could hold None (as pipelines saved then hold them) are read as None.
+_LEGACY_UNSET = {"frequency": "", "optimizer": "", "num_workers": 0, "ps_shards": 0, "ps_placement": ""}
+
+
+def _to_frequency(value: Any) -> Any:
+    """``frequency`` as Settings takes it: a digit string (as Params once held it) is its int."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+#: Spark's converter of a field's annotation (a Param's value is converted where it is set; None is kept);
+#: a field of another annotation, or ``frequency``, is handed to Settings as given.
+_CONVERTERS = {"int": TypeConverters.toInt, "int | None": TypeConverters.toInt,
+               "float": TypeConverters.toFloat, "float | None": TypeConverters.toFloat,
+               "bool": TypeConverters.toBoolean, "bool | None": TypeConverters.toBoolean,
+               "str": TypeConverters.toString, "str | None": TypeConverters.toString}
+
+
+def _converter(field: Any) -> Any:
+    base = _to_frequency if field.name == "frequency" else _CONVERTERS.get(str(field.type), lambda value: value)
+    unset = _LEGACY_UNSET.get(field.name, object())
+
+    def convert(value: Any) -> Any:
+        value = None if value is None else base(value)
+        return None if type(value) is type(unset) and value == unset else value
+
+    return convert
+
+
+def _setting_params() -> dict[str, Param]:
+    """One Param per Settings field (:data:`SETTING_PARAMS`)."""
+    return {field.name: Param(Params._dummy(), SETTING_PARAMS[field.name], f"as SparkModel's `{field.name}`",
+                              typeConverter=_converter(field))
+            for field in dataclasses.fields(Settings)}
+
+
+def _named(exc: ConfigError) -> ConfigError:
+    """Settings' or FitArgs' error, with the Param that holds the argument it names."""
+    match = re.match(r"`(\w+)`", str(exc))
+    camel = _camel(match.group(1)) if match else None
+    return ConfigError(f"{exc} (the Param {camel})") if camel and camel != match.group(1) else ConfigError(str(exc))
 
 
 class _KerasParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol):
-    """The Params shared by the estimator and the model it makes."""
+    """The Params shared by the estimator and the model it makes: the fit's, and SparkModel's (generated)."""
 
     task = Param(Params._dummy(), "task", "'classification' (prediction: the class index, probability: the "
                  "outputs as a Vector) or 'regression' (prediction: the single output)",
                  typeConverter=TypeConverters.toString)
     epochs = Param(Params._dummy(), "epochs", "epochs to train (> 0)", typeConverter=TypeConverters.toInt)
     batchSize = Param(Params._dummy(), "batchSize", "the global batch size (> 0)", typeConverter=TypeConverters.toInt)
-    mode = Param(Params._dummy(), "mode", "'asynchronous', 'synchronous' or 'hogwild'",
-                 typeConverter=TypeConverters.toString)
-    frequency = Param(Params._dummy(), "frequency", "commit every 'epoch', 'batch' or N local steps ('' for the "
-                      "optimizer's own window)",
-                      typeConverter=_to_frequency)
-    optimizer = Param(Params._dummy(), "optimizer", "a distributed optimizer's name ('' for the mode's default)",
-                      typeConverter=TypeConverters.toString)
-    numWorkers = Param(Params._dummy(), "numWorkers", "data-parallel workers (0: Spark's default parallelism)",
-                       typeConverter=TypeConverters.toInt)
     validationSplit = Param(Params._dummy(), "validationSplit", "fraction of the rows held out for val_* metrics",
                             typeConverter=TypeConverters.toFloat)
     verbose = Param(Params._dummy(), "verbose", "Keras' verbose: 0, 1 or 2", typeConverter=TypeConverters.toInt)
-    psShards = Param(Params._dummy(), "psShards", "parameter-server shards (0: decided from the model's size)",
-                     typeConverter=TypeConverters.toInt)
-    psPlacement = Param(Params._dummy(), "psPlacement", "where the parameter server runs: 'driver', 'executors' "
-                        "(the first tasks of each epoch) or '' (decided: the driver)",
-                        typeConverter=TypeConverters.toString)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(task="classification", epochs=_EPOCHS, batchSize=_BATCH, mode=_MODE, frequency=_FREQUENCY,
-                         optimizer="", numWorkers=0, validationSplit=0.0, verbose=0, probabilityCol="probability",
-                         psShards=0, psPlacement="")
+        self._setDefault(task="classification", epochs=_FIT.epochs, batchSize=_FIT.batch_size, validationSplit=0.0,
+                         verbose=0, probabilityCol="probability")
+        self._setDefault(**{SETTING_PARAMS[name]: value for name, value in Settings.defaults().items()})
 
     def _check(self) -> None:
-        checks = [("task", self.getOrDefault(self.task) in _TASKS, f"one of {_TASKS}"),
-                  ("epochs", self.getOrDefault(self.epochs) > 0, "> 0"),
-                  ("batchSize", self.getOrDefault(self.batchSize) > 0, "> 0"),
-                  ("numWorkers", self.getOrDefault(self.numWorkers) >= 0, ">= 0"),
-                  ("validationSplit", 0.0 <= self.getOrDefault(self.validationSplit) < 1.0, "in [0, 1)"),
-                  ("verbose", self.getOrDefault(self.verbose) in (0, 1, 2), "0, 1 or 2"),
-                  ("psShards", self.getOrDefault(self.psShards) >= 0, ">= 0"),
-                  ("psPlacement", self.getOrDefault(self.psPlacement) in _PLACEMENTS, f"one of {_PLACEMENTS}")]
-        for name, ok, expected in checks:
-            if not ok:
-                raise ConfigError(f"`{name}` must be {expected}; received {name}={self.getOrDefault(name)!r}")
+        """The fit's Params, checked as FitArgs checks them (``task`` here)."""
+        get = self.getOrDefault
+        if get(self.task) not in _TASKS:
+            raise ConfigError(f"`task` must be one of {_TASKS}; received task={get(self.task)!r}")
+        try:
+            FitArgs(epochs=get(self.epochs), batch_size=get(self.batchSize), verbose=get(self.verbose),
+                    validation_split=get(self.validationSplit))
+        except ConfigError as exc:
+            raise _named(exc) from None
+
+    def _setting_values(self) -> dict[str, Any]:
+        """SparkModel's keyword arguments, as the Params hold them."""
+        return {name: self.getOrDefault(camel) for name, camel in SETTING_PARAMS.items()}
+
+    def _settings(self) -> Settings:
+        """The Params as :class:`~elephant.config.Settings`, checked there; an error names the Param."""
+        try:
+            return Settings(**self._setting_values())
+        except ConfigError as exc:
+            raise _named(exc) from None
+
+
+for _name, _param in _setting_params().items():
+    setattr(_KerasParams, _param.name, _param)
 
 
 def _keras_model(model: Any, build_fn: Any) -> Any:
@@ -156,27 +199,35 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
             probability column.
         task: ``"classification"`` (default) or ``"regression"``; said, never
             guessed from the loss.
-        epochs, batchSize, mode, frequency, optimizer, numWorkers, psShards,
-            psPlacement, validationSplit, verbose: as ``SparkModel`` and
-            ``SparkModel.fit`` take them (``frequency=""``, ``optimizer=""``,
-            ``numWorkers=0``, ``psShards=0`` and ``psPlacement=""`` keep their
-            defaults: the optimizer's window, the mode's optimizer, Spark's
-            parallelism, shards decided from the model's size, the driver).
-            ``validationSplit`` holds out that fraction of the rows (seeded) and
-            evaluates it on the driver after each epoch.
+        epochs, batchSize, validationSplit, verbose: as ``SparkModel.fit``
+            takes them. ``validationSplit`` holds out that fraction of the rows
+            (seeded) and evaluates it on the driver after each epoch.
+        **settings: every :class:`~elephant.SparkModel` setting, as a Param named
+            in camelCase (:data:`SETTING_PARAMS`: ``mode``, ``frequency``,
+            ``optimizer``, ``numWorkers``, ``readTimeout``, ``seed``,
+            ``batchSplit``, ``overlap``, ``epochRetries``, ``onFailure``,
+            ``normGuard``, ``commBudget``, ``psShards``, ``psPlacement``...), with
+            SparkModel's default and meaning; None is SparkModel's None. The
+            values older versions took for unset (``frequency=""``,
+            ``optimizer=""``, ``numWorkers=0``, ``psShards=0``,
+            ``psPlacement=""``) are read as None.
 
     Raises:
         ConfigError: both a model and a ``build_fn``; at ``fit``, neither, or a
-            Param out of range.
+            Param out of range (Settings' message, naming the Param).
+        TypeError: a keyword that is no Param.
     """
 
     @keyword_only
     def __init__(self, *, model: Any = None, build_fn: Any = None, featuresCol: str = "features",
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                 task: str = "classification", epochs: int = _EPOCHS, batchSize: int = _BATCH, mode: str = _MODE,
-                 frequency: Any = _FREQUENCY, optimizer: str = "", numWorkers: int = 0, validationSplit: float = 0.0,
-                 verbose: int = 0, psShards: int = 0, psPlacement: str = ""):
+                 task: str = "classification", epochs: int = _FIT.epochs, batchSize: int = _FIT.batch_size,
+                 validationSplit: float = 0.0, verbose: int = 0, **settings: Any):
         super().__init__()
+        unknown = sorted(set(settings) - set(SETTING_PARAMS.values()))
+        if unknown:
+            raise TypeError(f"KerasEstimator got unexpected keyword argument(s) {unknown}; its SparkModel settings "
+                            f"are {sorted(SETTING_PARAMS.values())}")
         if model is not None and build_fn is not None:
             raise ConfigError("KerasEstimator takes `model` (a compiled keras.Model) or `build_fn`, not both; "
                               f"received model={model!r}, build_fn={build_fn!r}")
@@ -190,14 +241,12 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
         from elephant import SparkModel
 
         self._check()
+        self._settings()
         if self._keras is None and self._build_fn is None:
             raise ConfigError("KerasEstimator needs `model` (a compiled keras.Model) or `build_fn`; received neither")
         model = _keras_model(self._keras, self._build_fn)
         get = self.getOrDefault
-        sm = SparkModel(model, mode=get(self.mode), frequency=_frequency_value(get(self.frequency)),
-                        optimizer=get(self.optimizer) or None, num_workers=get(self.numWorkers) or None,
-                        ps_shards=get(self.psShards) or None, ps_placement=get(self.psPlacement) or None,
-                        spark=dataset.sparkSession)
+        sm = SparkModel(model, spark=dataset.sparkSession, **self._setting_values())
         features, label = get(self.featuresCol), get(self.labelCol)
         train, validation = dataset, None
         if get(self.validationSplit) > 0:
@@ -221,6 +270,18 @@ class KerasEstimator(Estimator, _KerasParams, _Persisted):
         copied = super().copy(extra)
         copied._keras, copied._build_fn = self._keras, self._build_fn
         return copied
+
+
+def _signature(init: Any) -> inspect.Signature:
+    """``init``'s signature with ``**settings`` spelled out: one keyword per :data:`SETTING_PARAMS`, its default."""
+    params = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    defaults = Settings.defaults()
+    params += [inspect.Parameter(camel, inspect.Parameter.KEYWORD_ONLY, default=defaults[name])
+               for name, camel in SETTING_PARAMS.items()]
+    return inspect.Signature(params)
+
+
+KerasEstimator.__init__.__signature__ = _signature(KerasEstimator.__init__)
 
 
 class KerasModel(Model, _KerasParams, _Persisted):
@@ -272,10 +333,6 @@ class KerasModel(Model, _KerasParams, _Persisted):
         copied = super().copy(extra)
         copied._keras, copied.history, copied.fit_plan = self._keras, self.history, self.fit_plan
         return copied
-
-
-def _frequency_value(text: str) -> Any:
-    return int(text) if text.isdigit() else (text or None)
 
 
 def _to_numpy(df: Any, features_col: str, label_col: str) -> tuple:

@@ -48,6 +48,8 @@ from elephant.worker import pass_order, shuffle_key, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
 
+_SETTINGS = Settings.defaults()  # simulate_fit takes SparkModel's settings with their defaults
+
 
 @dataclasses.dataclass
 class FitTrace:
@@ -216,18 +218,18 @@ def simulate_fit(
     *,
     epochs: int = 1,
     batch_size: int = 32,
-    mode: str = "asynchronous",
-    optimizer: Any = None,
-    frequency: str | int | None = None,
+    mode: str = _SETTINGS["mode"],
+    optimizer: Any = _SETTINGS["optimizer"],
+    frequency: str | int | None = _SETTINGS["frequency"],
     num_workers: int = 2,
-    seed: int | None = 0,
+    seed: int | None = _SETTINGS["seed"],
     shuffle: bool = True,
     validation_data: tuple | None = None,
     step_times: Sequence[float] | None = None,
     custom_objects=None,
-    batch_split: bool | None = None,
-    overlap: bool = False,
-    comm_budget: float = 0.1,
+    batch_split: bool | None = _SETTINGS["batch_split"],
+    overlap: bool = _SETTINGS["overlap"],
+    comm_budget: float = _SETTINGS["comm_budget"],
     share_model: bool = True,
 ) -> FitTrace:
     """Play ``SparkModel(model, mode, frequency, optimizer, num_workers, seed=seed).fit(x, y, ...)`` in-process.
@@ -266,11 +268,10 @@ def simulate_fit(
     """
     from elephant.model_io import model_from_bytes, model_to_bytes
 
-    settings = Settings(mode=mode, frequency=frequency, optimizer=optimizer, seed=seed, batch_split=batch_split,
-                        overlap=overlap, comm_budget=comm_budget)
+    settings = Settings.of(locals())  # the arguments named as Settings' fields, checked there
     epochs = check_positive_int("epochs", epochs)
     batch_size = check_positive_int("batch_size", batch_size)
-    num_workers = check_positive_int("num_workers", num_workers)
+    num_workers = check_positive_int("num_workers", settings.num_workers)  # None: no Spark parallelism to take
     D.check_xy(x, y)
     plan = plan_fit(settings, model, num_workers, batch_size, D.num_samples(x))
     opt, window = plan.rule, plan.window

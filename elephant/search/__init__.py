@@ -101,7 +101,8 @@ def minimize(build_fn: Callable[..., Any], space: Any, x, y=None, *, max_evals: 
     Keys of ``space`` (a dict of hyperopt expressions and constants) and of
     ``fit_kwargs`` are routed by name: ``epochs``, ``batch_size``, ``shuffle``
     (fixed-only: ``callbacks``, ``features_col``, ``label_col``) to ``fit``;
-    ``mode``, ``frequency``, ``num_workers``, ``optimizer``, ``optimizer.<param>``
+    every SparkModel setting but ``seed`` (``mode``, ``frequency``, ``num_workers``,
+    ``optimizer``, ... :data:`elephant.search.space.ELEPHANT_KEYS`), ``optimizer.<param>``
     (fixed-only: ``custom_objects``, ``read_timeout``) to the SparkModel; any
     other key to ``build_fn``, whose signature must accept it. Bad keys or
     settings raise before any trial runs. Fix ``mode`` with a constant in the space.

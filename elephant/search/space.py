@@ -3,9 +3,10 @@
 A point of the space (merged over :func:`elephant.search.minimize`'s fixed
 keyword arguments) is split by key name with :func:`route`: ``epochs``,
 ``batch_size``, ``shuffle`` (fixed-only: ``callbacks``, ``features_col``,
-``label_col``) go to ``fit``; ``mode``, ``frequency``, ``num_workers``,
-``optimizer``, ``optimizer.<param>`` (fixed-only: ``custom_objects``,
-``read_timeout``) to the SparkModel; any other key to ``build_fn``.
+``label_col``) go to ``fit``; every SparkModel setting (the fields of
+:class:`~elephant.config.Settings` but ``seed``, :data:`ELEPHANT_KEYS`) and
+``optimizer.<param>`` (fixed-only: ``custom_objects``, ``read_timeout``) to the
+SparkModel; any other key to ``build_fn``.
 :func:`check_space` samples the space before any trial runs, so bad keys or
 settings raise :class:`~elephant.errors.ConfigError` up front.
 """
@@ -23,13 +24,18 @@ from elephant import optimizers as O
 from elephant.config import Settings, check_mode, default_optimizer
 from elephant.errors import ConfigError
 
-__all__ = ["ELEPHANT_KEYS", "FIT_KEYS", "Routed", "build_params", "check_keys", "check_space", "elephant_settings",
-           "route"]
+__all__ = ["ELEPHANT_KEYS", "FIT_KEYS", "FIXED_SETTINGS", "NOT_ROUTED", "Routed", "build_params", "check_keys",
+           "check_space", "elephant_settings", "route"]
 
 FIT_KEYS = ("epochs", "batch_size", "shuffle")
-ELEPHANT_KEYS = ("mode", "frequency", "num_workers", "optimizer")
 _FIT_ONLY = ("callbacks", "features_col", "label_col")  # fixed fit arguments (not searchable)
-_SM_ONLY = ("custom_objects", "read_timeout")  # fixed SparkModel arguments (not searchable)
+#: Settings fields the search does not route to the SparkModel, and why.
+NOT_ROUTED = {"seed": "minimize's own `seed` seeds the sampler, and a space key 'seed' goes to build_fn"}
+#: Settings fields given to the SparkModel as fixed keyword arguments only, and why.
+FIXED_SETTINGS = {"read_timeout": "a timeout, not a hyperparameter"}
+#: The searchable SparkModel settings: every Settings field but those above.
+ELEPHANT_KEYS = tuple(n for n in Settings.names() if n not in NOT_ROUTED and n not in FIXED_SETTINGS)
+_SM_ONLY = ("custom_objects", *FIXED_SETTINGS)  # fixed SparkModel arguments (not searchable)
 _OPT = "optimizer."
 
 

@@ -140,15 +140,17 @@ def test_bad_params_and_models_are_refused_naming_them(spark, frames):
     from elephant.ml import KerasEstimator
 
     train, _ = frames
-    with pytest.raises(ConfigError, match=r"`epochs` must be > 0; received epochs=0"):
+    with pytest.raises(ConfigError, match=r"`epochs` must be a positive int; received epochs=0"):
         KerasEstimator(model=digits_model(), epochs=0).fit(train)
     with pytest.raises(ConfigError, match=r"`task` must be one of .*received task='clustering'"):
         KerasEstimator(model=digits_model(), task="clustering").fit(train)
     with pytest.raises(ConfigError, match="nonsense"):  # optimizer reaches SparkModel
         KerasEstimator(model=digits_model(), optimizer="nonsense").fit(train)
-    with pytest.raises(ConfigError, match=r"`psPlacement` must be one of .*received psPlacement='gpu'"):
+    with pytest.raises(ConfigError,
+                       match=r"`ps_placement` must be one of .*received ps_placement='gpu' \(the Param psPlacement\)"):
         KerasEstimator(model=digits_model(), psPlacement="gpu").fit(train)
-    with pytest.raises(ConfigError, match=r"`psShards` must be >= 0; received psShards=-1"):
+    with pytest.raises(ConfigError,
+                       match=r"`ps_shards` must be a positive int or None .*ps_shards=-1 \(the Param psShards\)"):
         KerasEstimator(model=digits_model(), psShards=-1).fit(train)
     with pytest.raises(ConfigError, match="needs `model`"):
         KerasEstimator().fit(train)
