@@ -2,6 +2,47 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
+from types import ModuleType
+
+#: The benchmark scripts' folder. It is not a package: each script is run as ``python benchmarks/<name>.py`` and
+#: puts its own folder on ``sys.path`` to import its siblings (``import workloads``).
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark(name: str) -> ModuleType:
+    """The module of ``benchmarks/<name>.py``, loaded from its file: the one way the tests import a benchmark script.
+
+    It is registered in ``sys.modules`` under ``name``, the name its siblings import it by, so a test and the script
+    that imports it share one module (``benchmark("workloads")`` is ``first_epoch``'s ``WL``). ``sys.path`` is put
+    back after the load: the folder a script adds for its siblings does not stay ahead of the installed packages for
+    the rest of the session. A missing script is an error, never a skip: a renamed script fails its tests.
+    """
+    path = BENCHMARKS / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no benchmark script benchmarks/{name}.py (renamed or removed?); "
+                                f"the tests that load it with benchmark({name!r}) need it or a new name")
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if pathlib.Path(getattr(loaded, "__file__", "") or "").resolve() != path.resolve():
+            raise ImportError(f"a module {name!r} from {getattr(loaded, '__file__', None)} is already imported, "
+                              f"not benchmarks/{name}.py")
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    sys.modules[name] = module  # before it runs: its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        sys.path[:] = saved
+    return module
+
 
 def tiny_model():
     """A seeded 3 -> 2 Dense model compiled with SGD(0.05) and MSE (fits ``linear_data``)."""
@@ -37,7 +78,6 @@ class RecordingBuilder:
 
 def convergence_sections() -> set[str]:
     """The section titles of docs/convergence.md, as a warning names them (without their Markdown backticks)."""
-    import pathlib
     import re
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "convergence.md").read_text(encoding="utf-8")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-convergence = pytest.importorskip("convergence")
+from tests.unit.helpers import benchmark
+
+convergence = benchmark("convergence")
 
 
 def _again(*times: dict):

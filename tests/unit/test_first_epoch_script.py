@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
 import types
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-first_epoch = pytest.importorskip("first_epoch")
-workloads = pytest.importorskip("workloads")
+from tests.unit.helpers import benchmark
+
+first_epoch = benchmark("first_epoch")
+workloads = benchmark("workloads")
 
 
 def _tiny():

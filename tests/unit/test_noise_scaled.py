@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-noise_scaled = pytest.importorskip("noise_scaled")
+from tests.unit.helpers import benchmark
+
+noise_scaled = benchmark("noise_scaled")
 
 
 def _running_means(grads, beta):

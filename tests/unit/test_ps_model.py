@@ -1,30 +1,18 @@
 """benchmarks/ps_model.py: the analytic bounds and small deterministic simulations.
 
-The script is loaded from its file (``benchmarks`` is not a package); it imports numpy
+The script is loaded from its file by ``benchmark`` (``benchmarks`` is not a package); it imports numpy
 only at load (matplotlib only when plotting).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "ps_model.py"
+from tests.unit.helpers import benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("ps_model_under_test", _FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-m = _load()
+m = benchmark("ps_model")
 MB = m.MB
 
 

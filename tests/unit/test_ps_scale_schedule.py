@@ -1,36 +1,19 @@
 """benchmarks/ps_scale.py's open-loop decisions: arrivals decided in advance, latency from the schedule.
 
-The script is loaded from its file (``benchmarks`` is not a package); it
-imports numpy only at load, and its siblings ``ps_roundtrip`` and
-``shaped_link``, whose path entry is removed again after the load.
+The script is loaded from its file by ``benchmark`` (``benchmarks`` is not a package); it imports numpy only at
+load, and its siblings ``ps_roundtrip`` and ``shaped_link``, whose path entry is removed again after the load.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "ps_scale.py"
+from tests.unit.helpers import benchmark
 
-
-def _load():
-    path = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location("ps_scale_under_test", _FILE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-    return module
-
-
-S = _load()
+S = benchmark("ps_scale")
 
 
 @pytest.mark.parametrize("num_workers, rate, duration", [(1, 50.0, 2.0), (8, 733.3, 1.0), (512, 400.0, 3.0)])

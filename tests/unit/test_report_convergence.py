@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-report = pytest.importorskip("report_convergence")
+from tests.unit.helpers import benchmark
+
+report = benchmark("report_convergence")
 
 
 def _rows(workload: str, plain: list[float], orders: list[list[float]], finals: list[float]) -> list[dict]:
