@@ -12,7 +12,7 @@ simulator (:func:`elephant.optimizers.simulate_fit`, one Keras replica per worke
 
 from the same initial weights and shard split, plus plain Keras ``model.fit``, and records
 the test metric of the center after the last epoch and the bytes of one commit on the wire
-(``elephant.ps.wire.encode`` of the payload, header included). The window each fit runs is
+(``elephant.ps.wire.encode_commit`` of the payload, header included). The window each fit runs is
 the plan's (the wrapper keeps the inner rule's, so compression changes only the payload).
 
 Run::

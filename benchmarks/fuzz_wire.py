@@ -13,7 +13,7 @@ produce. Not part of CI (the short property tests in
 ``tests/unit/test_ps_wire_fuzz.py`` are).
 
 Needs atheris (``pip install atheris``; libFuzzer inside, coverage of the
-instrumented ``elephant.ps.wire``). Writes ``benchmarks/results/fuzz_wire.json``.
+instrumented ``elephant.ps.wire`` and the decoder it uses). Writes ``benchmarks/results/fuzz_wire.json``.
 
 Usage::
 
@@ -64,11 +64,11 @@ def main(argv=None) -> int:
         return 2
     with atheris.instrument_imports():
         from elephant.errors import ProtocolError
-        from elephant.ps import wire
+        from elephant.ps import decoding, wire
 
     template = [np.zeros(7, np.float32), np.zeros((2, 3), np.float64)]
 
-    decoders = (lambda b: wire.decode_commit(b, template), wire.decode_reply, lambda b: wire.decode(b, checksum=False))
+    decoders = (lambda b: wire.decode_commit(b, template), wire.decode_reply, lambda b: decoding.decode(b, checksum=False))
 
     def run_once(data: bytes, count: bool) -> tuple[float, int]:
         tracemalloc.reset_peak()

@@ -200,7 +200,7 @@ class _Window:
         self.settle()
         if self.steps_in_window == 0:
             return
-        from elephant.ps.wire import all_finite
+        from elephant.ps.layout import all_finite
 
         t0 = time.perf_counter()
         opt = self.spec.optimizer

@@ -2,7 +2,9 @@
 
 Layers, bottom up (each importable without the ones above it):
 
-* :mod:`elephant.ps.wire` -- safetensors-layout messages, strict decoding, no pickle;
+* :mod:`elephant.ps.wire` -- safetensors-layout messages, strict decoding, no pickle, built on
+  :mod:`~elephant.ps.layout` (header constants, dtypes, checksums), :mod:`~elephant.ps.encoding` and
+  :mod:`~elephant.ps.decoding`;
 * :mod:`elephant.ps.store` -- center weights, clock, idempotency, rounds (no HTTP), composed of
   :mod:`~elephant.ps.rounds`, :mod:`~elephant.ps.ledger` (applied commits, fences),
   :mod:`~elephant.ps.guard` (the norm guard), :mod:`~elephant.ps.metrics` (counters) and

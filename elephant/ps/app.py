@@ -51,6 +51,7 @@ from elephant.errors import (
     StoreClosedError,
 )
 from elephant.ps import wire
+from elephant.ps.encoding import Encoded
 from elephant.ps.store import Store
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class BinaryRoutes:
         # PEP 3333 wants bytes; PSServer's handler takes the buffers as they are (no join).
         return encoded if environ.get(BUFFERS_OK) else [encoded.tobytes()]
 
-    def _commit(self, environ: dict[str, Any], length: int) -> tuple[wire.Encoded, int]:
+    def _commit(self, environ: dict[str, Any], length: int) -> tuple[Encoded, int]:
         store = self._store
         with self._intake:
             body = read_body(environ["wsgi.input"], length)
@@ -204,7 +205,7 @@ class BinaryRoutes:
         changed = reply.change is not None and reply.change.base_clock == base_clock
         return wire.encode_reply(reply, changed), length
 
-    def _weights(self, environ: dict[str, Any], length: int | None) -> tuple[wire.Encoded, int]:
+    def _weights(self, environ: dict[str, Any], length: int | None) -> tuple[Encoded, int]:
         args: dict[str, str] = {}
         for name, value in parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True):
             args.setdefault(name, value)  # the first of a repeated parameter, as Flask's request.args

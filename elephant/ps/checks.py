@@ -18,7 +18,7 @@ import numpy as np
 from elephant.errors import ElephantError, PSError, ProtocolError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import Commit, CommitKey
-from elephant.ps.wire import all_finite
+from elephant.ps.layout import all_finite
 
 __all__ = ["check_commit", "check_partition", "commit_what", "freeze", "int_arg", "run_rule"]
 

@@ -65,10 +65,10 @@ from elephant.optimizers.compress import check_reply_mode
 from elephant.protocol import MODES, Commit, CommitKey, Reply, ReplyChange, ssp_admitted
 from elephant.ps.checks import check_commit, check_partition, commit_what, freeze, int_arg, run_rule
 from elephant.ps.guard import NormGuard
+from elephant.ps.layout import digest
 from elephant.ps.ledger import Ledger
 from elephant.ps.metrics import Metrics
 from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket
-from elephant.ps.wire import digest
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 
 from elephant.errors import Transient, TransportFailed
-from elephant.ps import wire
+from elephant.ps.encoding import Encoded
 
 __all__ = ["DirectTransport", "SessionTransport", "Transport", "open_transport"]
 
@@ -204,7 +204,7 @@ class DirectTransport:
 
 def _joined(body: Any) -> Any:
     """A small encoded body as one buffer (one send instead of one per tensor); others as they are."""
-    if isinstance(body, wire.Encoded) and body.nbytes <= _JOIN_BELOW:
+    if isinstance(body, Encoded) and body.nbytes <= _JOIN_BELOW:
         return body.tobytes()
     return body
 

@@ -16,6 +16,7 @@ from elephant.optimizers.codecs import (BF16_MAX, Codec, apply_change, bf16_deco
 from elephant.optimizers.schedules import round_robin
 from elephant.ps import wire
 from elephant.ps.guard import _squared_norm
+from elephant.ps.layout import digest
 from elephant.protocol import CommitKey
 from tests.unit.test_simulate_replay import assert_same_center, replay_async, replay_rounds, run_threads
 
@@ -441,8 +442,8 @@ def test_a_change_reply_needs_the_view_it_was_made_from():
     held = [rng.normal(size=w.shape).astype(np.float32) for w in WEIGHTS]
     center = [h + rng.normal(size=h.shape).astype(np.float32) * 0.01 for h in held]
     layout, view = encode_change(codec, held, center)
-    base = wire.digest(held)
-    reply = Reply(clock=1, center=view, view=wire.digest(view),
+    base = digest(held)
+    reply = Reply(clock=1, center=view, view=digest(view),
                   change=ReplyChange(base, 0, codec.name, codec.block, layout))
     buf = wire.encode_reply(reply, changed=True).tobytes()
     assert len(buf) < len(wire.encode_reply(reply).tobytes()) / 3.8
@@ -505,4 +506,4 @@ def test_each_epoch_starts_from_the_exact_center_in_the_store_and_the_simulator(
         store.finish("run", 0, k, 0)
     pulled = store.pull(0, epoch=1)
     np.testing.assert_array_equal(pulled.center[0], store.center()[0])
-    assert pulled.view == wire.digest(store.center())
+    assert pulled.view == digest(store.center())

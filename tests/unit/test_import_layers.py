@@ -21,7 +21,7 @@ ROOT = pathlib.Path(elephant.__file__).parent
 #: Bottom up. A module may import from its own layer and the layers below it.
 LAYERS = [
     ("ground", ["errors", "weights", "protocol", "console"]),
-    ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire"]),
+    ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire", "ps.layout", "ps.encoding", "ps.decoding"]),
     ("pure state and checks", ["ps.rounds", "ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks", "data",
                                "stream", "arrow", "config", "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),

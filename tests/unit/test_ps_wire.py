@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from elephant.errors import ProtocolError  # noqa: E402
 from elephant.optimizers.base import Commit, Reply
-from elephant.ps import wire
+from elephant.ps import decoding, encoding, layout, wire
 from elephant.ps.wire import CommitKey
 
 TENSORS = [
@@ -40,7 +40,7 @@ def _entry(dtype="F32", shape=(2,), offsets=(0, 8)):
 # ---------------------------------------------------------------- round trips
 def test_round_trip_keeps_values_shapes_dtypes_and_meta():
     meta = {"run": "r", "epoch": 1, "nested": {"a": [1, 2]}}
-    tensors, got_meta = wire.decode(wire.encode(TENSORS, meta).tobytes())
+    tensors, got_meta = decoding.decode(encoding.encode(TENSORS, meta).tobytes())
     assert got_meta == meta
     assert len(tensors) == len(TENSORS)
     for sent, received in zip(TENSORS, tensors, strict=True):
@@ -50,15 +50,15 @@ def test_round_trip_keeps_values_shapes_dtypes_and_meta():
 
 
 def test_header_is_padded_to_eight_bytes_and_arrays_are_aligned():
-    buf = bytearray(wire.encode(TENSORS, {}).tobytes())
+    buf = bytearray(encoding.encode(TENSORS, {}).tobytes())
     assert int.from_bytes(buf[:8], "little") % 8 == 0
-    tensors, _ = wire.decode(buf)
+    tensors, _ = decoding.decode(buf)
     assert all(t.flags.aligned for t in tensors)
 
 
 def test_encode_does_not_copy_array_data():
     big = np.arange(1000, dtype=np.float32)
-    encoded = wire.encode([big], {})
+    encoded = encoding.encode([big], {})
     assert len(encoded.buffers) == 2
     assert np.shares_memory(np.frombuffer(encoded.buffers[1], dtype=np.uint8), big)
     assert len(encoded) == encoded.nbytes == len(encoded.tobytes())
@@ -66,34 +66,34 @@ def test_encode_does_not_copy_array_data():
 
 
 def test_decode_returns_views_of_the_buffer():
-    buf = bytearray(wire.encode([np.zeros(4, dtype=np.float32)], {}).tobytes())
-    (array,), _ = wire.decode(buf)
+    buf = bytearray(encoding.encode([np.zeros(4, dtype=np.float32)], {}).tobytes())
+    (array,), _ = decoding.decode(buf)
     buf[-4:] = np.float32(3.0).tobytes()
     assert array[-1] == 3.0
 
 
 def test_decode_of_bytes_gives_read_only_arrays():
-    (array,), _ = wire.decode(wire.encode([np.ones(3)], {}).tobytes())
+    (array,), _ = decoding.decode(encoding.encode([np.ones(3)], {}).tobytes())
     with pytest.raises(ValueError, match="read-only"):
         array[0] = 2.0
 
 
 def test_big_endian_input_is_sent_little_endian():
-    (array,), _ = wire.decode(wire.encode([np.arange(3, dtype=">f4")], {}).tobytes())
+    (array,), _ = decoding.decode(encoding.encode([np.arange(3, dtype=">f4")], {}).tobytes())
     assert array.dtype == np.dtype("<f4")
     np.testing.assert_array_equal(array, [0.0, 1.0, 2.0])
 
 
 def test_non_contiguous_input_is_encoded_by_value():
     source = np.arange(12.0).reshape(3, 4).T
-    (array,), _ = wire.decode(wire.encode([source], {}).tobytes())
+    (array,), _ = decoding.decode(encoding.encode([source], {}).tobytes())
     np.testing.assert_array_equal(array, source)
 
 
 # ------------------------------------------------------- safetensors compat
 def test_safetensors_library_reads_our_encoding(tmp_path):
     meta = {"kind": "commit", "step": 3}
-    buf = wire.encode(TENSORS, meta).tobytes()
+    buf = encoding.encode(TENSORS, meta).tobytes()
     loaded = stnp.load(buf)
     assert sorted(loaded) == [f"{i:04d}" for i in range(len(TENSORS))]
     for i, sent in enumerate(TENSORS):
@@ -108,7 +108,7 @@ def test_safetensors_library_reads_our_encoding(tmp_path):
 def test_we_read_the_safetensors_library_output():
     meta = {"kind": "reply", "clock": 4}
     named = {f"{i:04d}": t for i, t in enumerate(TENSORS)}
-    tensors, got_meta = wire.decode(stnp.save(named, metadata={"elephant": json.dumps(meta)}), checksum=False)
+    tensors, got_meta = decoding.decode(stnp.save(named, metadata={"elephant": json.dumps(meta)}), checksum=False)
     assert got_meta == meta
     for sent, received in zip(TENSORS, tensors, strict=True):
         np.testing.assert_array_equal(received, sent)
@@ -116,7 +116,7 @@ def test_we_read_the_safetensors_library_output():
 
 
 def test_library_output_without_metadata_decodes_with_empty_meta():
-    tensors, meta = wire.decode(stnp.save({"0000": np.ones(2, dtype=np.float32)}), checksum=False)
+    tensors, meta = decoding.decode(stnp.save({"0000": np.ones(2, dtype=np.float32)}), checksum=False)
     assert meta == {}
     np.testing.assert_array_equal(tensors[0], [1.0, 1.0])
 
@@ -130,7 +130,7 @@ GOOD_DATA = np.ones(2, dtype=np.float32).tobytes()
     [
         (b"\x01\x02", "shorter than the 8-byte header-length prefix"),
         ((100).to_bytes(8, "little") + b"{}", "header length 100 exceeds the 2 bytes after the prefix"),
-        ((wire.MAX_HEADER_BYTES + 8).to_bytes(8, "little"), "exceeds the limit"),
+        ((layout.MAX_HEADER_BYTES + 8).to_bytes(8, "little"), "exceeds the limit"),
         ((8).to_bytes(8, "little") + b"{nojson}", "header is not valid JSON"),
         ((8).to_bytes(8, "little") + b"[1, 2]  ", "header must be a JSON object"),
         (_message({"0000": _entry(dtype="BF16", offsets=(0, 4))}, GOOD_DATA[:4]), "unknown dtype 'BF16'"),
@@ -150,28 +150,28 @@ GOOD_DATA = np.ones(2, dtype=np.float32).tobytes()
 )
 def test_malformed_messages_are_rejected_with_the_reason(buf, match):
     with pytest.raises(ProtocolError, match=match):
-        wire.decode(buf, checksum=False)  # hand-made messages carry no checksum: the structure is under test
+        decoding.decode(buf, checksum=False)  # hand-made messages carry no checksum: the structure is under test
 
 
 def test_unpadded_header_is_accepted():
-    tensors, _ = wire.decode(_message({"0000": _entry()}, GOOD_DATA, pad=False), checksum=False)
+    tensors, _ = decoding.decode(_message({"0000": _entry()}, GOOD_DATA, pad=False), checksum=False)
     np.testing.assert_array_equal(tensors[0], [1.0, 1.0])
 
 
 def test_count_mismatch_is_rejected():
-    buf = wire.encode([np.ones(2), np.ones(2)], {}).tobytes()
+    buf = encoding.encode([np.ones(2), np.ones(2)], {}).tobytes()
     with pytest.raises(ProtocolError, match="expected 3 tensors, received 2"):
-        wire.decode(buf, count=3)
+        decoding.decode(buf, count=3)
     with pytest.raises(ProtocolError, match="expected 1 tensors, received 2"):
-        wire.decode(buf, template=[np.ones(2)])
+        decoding.decode(buf, template=[np.ones(2)])
 
 
 def test_template_shape_and_dtype_mismatch_are_rejected():
-    buf = wire.encode([np.ones((2, 3), dtype=np.float32)], {}).tobytes()
+    buf = encoding.encode([np.ones((2, 3), dtype=np.float32)], {}).tobytes()
     with pytest.raises(ProtocolError, match=r"tensor 0: expected shape \(3, 2\), received \(2, 3\)"):
-        wire.decode(buf, template=[np.ones((3, 2), dtype=np.float32)])
+        decoding.decode(buf, template=[np.ones((3, 2), dtype=np.float32)])
     with pytest.raises(ProtocolError, match="tensor 0: expected dtype float64, received float32"):
-        wire.decode(buf, template=[np.ones((2, 3))])
+        decoding.decode(buf, template=[np.ones((2, 3))])
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -179,30 +179,30 @@ def test_template_shape_and_dtype_mismatch_are_rejected():
 def test_non_finite_values_are_rejected(bad, dtype):
     values = np.ones(10, dtype=dtype)
     values[7] = bad
-    buf = wire.encode([np.ones(2, dtype=dtype), values], {}).tobytes()
+    buf = encoding.encode([np.ones(2, dtype=dtype), values], {}).tobytes()
     with pytest.raises(ProtocolError, match="tensor 1 holds non-finite values"):
-        wire.decode(buf)
-    tensors, _ = wire.decode(buf, check_finite=False)
+        decoding.decode(buf)
+    tensors, _ = decoding.decode(buf, check_finite=False)
     assert np.isnan(tensors[1][7]) or np.isinf(tensors[1][7])
 
 
 def test_large_finite_values_whose_sum_overflows_are_accepted():
     values = np.full(4, 3e38, dtype=np.float32)
-    tensors, _ = wire.decode(wire.encode([values], {}).tobytes())
+    tensors, _ = decoding.decode(encoding.encode([values], {}).tobytes())
     np.testing.assert_array_equal(tensors[0], values)
 
 
 @pytest.mark.parametrize("value", [np.ones(2, dtype=np.complex64), np.array(["a"]), np.array([object()])])
 def test_unsupported_dtypes_cannot_be_sent(value):
     with pytest.raises(ProtocolError, match="tensor 0: dtype .* cannot be sent"):
-        wire.encode([value], {})
+        encoding.encode([value], {})
 
 
 def test_meta_must_be_json():
     with pytest.raises(ProtocolError, match="not JSON-serialisable"):
-        wire.encode([], {"x": object()})
+        encoding.encode([], {"x": object()})
     with pytest.raises(ProtocolError, match="not JSON-serialisable"):
-        wire.encode([], {"x": float("nan")})
+        encoding.encode([], {"x": float("nan")})
 
 
 # ---------------------------------------------------------------- messages
@@ -231,7 +231,7 @@ def test_commit_header_fields_are_validated(field, value, match):
             "num_steps": 1, "num_samples": 1, "base_clock": 0}
     meta[field] = value
     with pytest.raises(ProtocolError, match=match):
-        wire.decode_commit(wire.encode([np.ones(2)], meta).tobytes())
+        wire.decode_commit(encoding.encode([np.ones(2)], meta).tobytes())
 
 
 @pytest.mark.parametrize("extra", [None, [], [np.full(2, 5.0)]])
@@ -258,7 +258,7 @@ def test_reply_against_a_wrong_template_is_rejected():
 
 
 def test_reply_counts_must_match_the_tensors():
-    buf = wire.encode([np.ones(2)], {"kind": "reply", "clock": 0, "n_center": 2, "n_extra": None}).tobytes()
+    buf = encoding.encode([np.ones(2)], {"kind": "reply", "clock": 0, "n_center": 2, "n_extra": None}).tobytes()
     with pytest.raises(ProtocolError, match="announces 2 center and 0 extra tensors, received 1"):
         wire.decode_reply(buf)
 
@@ -282,9 +282,9 @@ def test_every_flipped_bit_of_a_commit_is_refused():
 def test_a_message_without_its_checksum_is_refused():
     plain = stnp.save({"0000": np.ones(2, dtype=np.float32)}, metadata={"elephant": json.dumps({"kind": "reply"})})
     with pytest.raises(ProtocolError, match="carries no valid checksum"):
-        wire.decode(plain)
-    buf = wire.encode([np.ones(2, np.float32)], {"kind": "reply"}).tobytes()
-    digits = json.loads(buf[8:8 + int.from_bytes(buf[:8], "little")])["__metadata__"][wire.CHECKSUM_KEY]
+        decoding.decode(plain)
+    buf = encoding.encode([np.ones(2, np.float32)], {"kind": "reply"}).tobytes()
+    digits = json.loads(buf[8:8 + int.from_bytes(buf[:8], "little")])["__metadata__"][layout.CHECKSUM_KEY]
     wrong = buf.replace(digits.encode(), b"f" * 16)
     with pytest.raises(ProtocolError, match="checksum mismatch .*nothing was applied"):
-        wire.decode(wrong)
+        decoding.decode(wrong)
