@@ -25,21 +25,10 @@ commits encoded in ``int8`` or ``bf16`` with error feedback
 (:mod:`elephant.optimizers.codecs`); the modes and window are the inner rule's.
 """
 
-from elephant.optimizers.base import (
-    MODES,
-    Commit,
-    DistributedOptimizer,
-    Reply,
-    check_number,
-    deserialize,
-    get,
-    register,
-    registered_names,
-    serialize,
-    staleness,
-    tree_map,
-    worker_batch_size,
-)
+from elephant.optimizers.base import Commit, DistributedOptimizer, Reply, worker_batch_size
+from elephant.optimizers.helpers import check_number, staleness, tree_map
+from elephant.optimizers.registry import deserialize, get, register, registered_names, serialize
+from elephant.protocol import MODES
 from elephant.optimizers.downpour import Downpour
 from elephant.optimizers.agn import ADAG_DISTKERAS, AGN
 from elephant.optimizers.adag import ADAG

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from elephant.optimizers.agn import NormalizedDeltas, check_sqrt_scaling, check_step_scale, scaled_step
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import check_number, tree_map
+from elephant.optimizers.registry import register
 
 
 def distance_factor(distance, gamma: float):

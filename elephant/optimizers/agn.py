@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import check_number, tree_map
+from elephant.optimizers.registry import register
 from elephant.optimizers.local import adapts_step_size, check_sqrt_scaling
 
 

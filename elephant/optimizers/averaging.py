@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from elephant import weights as W
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, register
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.registry import register
 from elephant.optimizers.local import ScaledLocalRate, check_sqrt_scaling
 from elephant.optimizers.outer import OuterMomentum
 

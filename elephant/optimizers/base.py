@@ -1,4 +1,4 @@
-"""The distributed-optimizer interface, the registry and ``get()``.
+"""The distributed-optimizer interface: the base class of every rule, and the checks on a rule as it runs.
 
 One algorithm is one subclass of :class:`DistributedOptimizer` holding two pure
 rules over lists of numpy arrays and explicit, picklable state:
@@ -16,6 +16,10 @@ store, the worker loop and :class:`elephant.SparkModel`), so a rule is plain
 math that can be tested with exact numbers.
 
 Sign convention: a delta is ``after - before`` and the server *adds* it.
+
+The registry and ``get()`` are in :mod:`~elephant.optimizers.registry`; the helpers the
+rules share (:func:`~elephant.optimizers.helpers.check_number`,
+:func:`~elephant.optimizers.helpers.tree_map`, ...) in :mod:`~elephant.optimizers.helpers`.
 """
 
 from __future__ import annotations
@@ -26,38 +30,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from elephant import weights as W
-from elephant.errors import ConfigError, DataError
-from elephant.protocol import MODES, Commit, Reply
-
-Weights = list[np.ndarray]
-
+from elephant.errors import ConfigError
+from elephant.optimizers.helpers import AVERAGING_SECTION, CONVERGENCE_DOCS, NAMED_RULES_SECTION, Weights, see_docs
+from elephant.protocol import Commit, Reply
 
 __all__ = [
-    "MODES",
     "Commit",
     "Reply",
     "DistributedOptimizer",
-    "check_number",
-    "register",
-    "get",
-    "serialize",
-    "deserialize",
-    "registered_names",
-    "see_docs",
-    "staleness",
-    "tree_map",
+    "check_overlap",
     "worker_batch_size",
 ]
-
-#: The page that holds the figures behind the rules' fit-start warnings, and the sections they point to.
-CONVERGENCE_DOCS = "docs/convergence.md"
-AVERAGING_SECTION = "Why averaging falls behind, and the two fixes in the defaults"
-NAMED_RULES_SECTION = "Named rules at their default window"
-
-
-def see_docs(section: str, page: str = CONVERGENCE_DOCS) -> str:
-    """The pointer a fit-start warning ends with: the docs section that holds its figures."""
-    return f'(see {page}, "{section}")'
 
 
 def _check_window(window: Any) -> int:
@@ -72,60 +55,6 @@ def _check_staleness_bound(bound: Any) -> int | None:
     if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)) or bound < 0:
         raise ConfigError(f"`staleness_bound` must be None or an int >= 0; received staleness_bound={bound!r}")
     return int(bound)
-
-
-def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False) -> float:
-    """Validate a real hyper-parameter and return it as a float.
-
-    Args:
-        name: the argument's name, used in the message.
-        value: the received value.
-        low, high: optional bounds; ``low_open``/``high_open`` make them strict.
-
-    Raises:
-        ConfigError: ``value`` is not a finite real number inside the bounds. The
-            message names the argument, the expected range and the received value.
-    """
-    lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
-    hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
-    expected = f"a real number in {lo or '(-inf'}, {hi or 'inf)'}" if (lo or hi) else "a finite real number"
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    number = float(value) if ok else float("nan")
-    ok = ok and bool(np.isfinite(number))
-    if ok and low is not None:
-        ok = number > low if low_open else number >= low
-    if ok and high is not None:
-        ok = number < high if high_open else number <= high
-    if not ok:
-        raise ConfigError(f"`{name}` must be {expected}; received {name}={value!r}")
-    return number
-
-
-def tree_map(fn: Any, first: Weights, *rest: Weights) -> Weights:
-    """Apply ``fn`` array by array over weight lists, keeping the dtypes of ``first``.
-
-    ``fn`` receives one array from each list (in the order given) and its result is
-    cast back to the dtype of the array from ``first``, so a rule written with
-    Python floats (``lambda c, d: c + 0.5 * d``) keeps float32 models float32.
-    """
-    return [np.asarray(fn(x, *ys)).astype(x.dtype, copy=False) for x, *ys in zip(first, *rest, strict=True)]
-
-
-def staleness(clock: int, commit: Commit) -> int:
-    """Commits applied since the window of ``commit`` started: ``τ = clock − base_clock``.
-
-    Raises:
-        DataError: ``commit.base_clock`` is ahead of the server clock (a commit
-            cannot start from a center the server has not produced yet).
-    """
-    tau = int(clock) - int(commit.base_clock)
-    if tau < 0:
-        raise DataError(
-            f"commit base_clock={commit.base_clock} is ahead of the server clock {clock}; "
-            "the worker must start from a center this server produced"
-        )
-    return tau
 
 
 class DistributedOptimizer:
@@ -405,110 +334,6 @@ class DistributedOptimizer:
 
     def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(self.get_config().items()))))
-
-
-_REGISTRY: dict[str, type[DistributedOptimizer]] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def _same_class(a: type, b: type) -> bool:
-    # A class re-created by re-running its module (a notebook cell, importlib.reload)
-    # may take its old name back; a different class may not.
-    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
-
-
-def register(cls: type[DistributedOptimizer]) -> type[DistributedOptimizer]:
-    """Class decorator: make ``cls`` resolvable by ``get(cls.name)`` and its ``aliases``.
-
-    Raises:
-        ConfigError: ``cls`` has no name, declares an unknown mode, or one of its
-            names is already taken by a different class.
-    """
-    if not cls.name:
-        raise ConfigError(f"{cls.__name__} must set a non-empty `name` to be registered")
-    if not cls.modes:
-        raise ConfigError(f"{cls.__name__}.modes is empty; expected some of {MODES}")
-    for mode in cls.modes:
-        if mode not in MODES:
-            raise ConfigError(f"{cls.__name__}.modes holds unknown mode {mode!r}; expected some of {MODES}")
-    name = cls.name.lower()
-    aliases = [a.lower() for a in cls.aliases]
-    for key in [name, *aliases]:
-        owner = _REGISTRY.get(key) or _REGISTRY.get(_ALIASES.get(key, ""))
-        if owner is not None and not _same_class(owner, cls):
-            raise ConfigError(
-                f"cannot register {cls.__module__}.{cls.__qualname__} as {key!r}: the name is taken by "
-                f"{owner.__module__}.{owner.__qualname__}"
-            )
-    _REGISTRY[name] = cls
-    for alias in aliases:
-        _ALIASES[alias] = name
-    return cls
-
-
-def registered_names(aliases: bool = False) -> list[str]:
-    """Sorted canonical names of the registered optimizers (plus aliases if asked)."""
-    return sorted([*_REGISTRY, *_ALIASES]) if aliases else sorted(_REGISTRY)
-
-
-def serialize(optimizer: DistributedOptimizer) -> dict[str, Any]:
-    """``{"name": ..., "config": {...}}``, accepted back by :func:`get`.
-
-    The window of a rule that decides it from the fit's costs (it was not
-    given one: :attr:`DistributedOptimizer.adapts_window`) is left out, so that
-    the rule read back still decides it.
-    """
-    config = optimizer.get_config()
-    if optimizer.adapts_window:
-        config.pop("window", None)
-    return {"name": optimizer.name, "config": config}
-
-
-def deserialize(config: Mapping[str, Any]) -> DistributedOptimizer:
-    return get(config)
-
-
-def get(identifier: Any, **kwargs: Any) -> DistributedOptimizer:
-    """Resolve a distributed optimizer from a name, a config dict or an instance.
-
-    Args:
-        identifier: a registered name (``"downpour"``), a dict
-            ``{"name": ..., "config": {...}}`` (as made by :func:`serialize`), or
-            a :class:`DistributedOptimizer` instance (returned as is).
-        **kwargs: constructor arguments, allowed with a name or dict.
-
-    Raises:
-        ConfigError: the identifier cannot be interpreted.
-    """
-    if isinstance(identifier, DistributedOptimizer):
-        if kwargs:
-            raise ConfigError(
-                f"keyword arguments {sorted(kwargs)} cannot be combined with an optimizer instance {identifier!r}"
-            )
-        return identifier
-    if isinstance(identifier, str):
-        name, config = identifier, {}
-    elif isinstance(identifier, Mapping) and isinstance(identifier.get("name"), str):
-        name = identifier["name"]
-        config = dict(identifier.get("config") or {})
-        extra = set(identifier) - {"name", "config"}
-        if extra:
-            raise ConfigError(
-                f"Could not interpret optimizer identifier: {identifier!r} (unexpected keys {sorted(extra)})"
-            )
-    else:
-        raise ConfigError(f"Could not interpret optimizer identifier: {identifier!r}")
-    key = name.lower()
-    cls = _REGISTRY.get(_ALIASES.get(key, key))
-    if cls is None:
-        raise ConfigError(
-            f"Could not interpret optimizer identifier: {identifier!r}; known names: {registered_names(aliases=True)}"
-        )
-    config.update(kwargs)
-    try:
-        return cls.from_config(config)
-    except TypeError as exc:
-        raise ConfigError(f"invalid arguments for optimizer {name!r}: {exc}") from None
 
 
 def check_overlap(overlap: Any, optimizer: DistributedOptimizer, mode: str) -> bool:

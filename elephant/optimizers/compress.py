@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import MODES, Commit, DistributedOptimizer, get, register, serialize
+from elephant.optimizers.base import Commit, DistributedOptimizer
 from elephant.optimizers.codecs import (DEFAULT_BLOCK, Codec, decode_layout, encode_with_feedback, layout_template,
                                         zero_residual)
+from elephant.optimizers.registry import get, register, serialize
+from elephant.protocol import MODES
 
 __all__ = ["Compressed", "check_reply_mode"]
 

@@ -7,7 +7,9 @@ import dataclasses
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import DistributedOptimizer, check_number, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import check_number, tree_map
+from elephant.optimizers.registry import register
 from elephant.optimizers.local import local_setting
 
 Weights = list[np.ndarray]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from elephant.optimizers.base import DistributedOptimizer, register, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import tree_map
+from elephant.optimizers.registry import register
 from elephant.optimizers.local import (MAX_SCALED_WORKERS, LocalMomentum, ScaledLocalRate, asynchrony_lag,
                                        check_sqrt_scaling)
 from elephant.optimizers.outer import OuterMomentum, axpy, fusable, momentum_buffer

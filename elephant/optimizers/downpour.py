@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from elephant.optimizers.base import NAMED_RULES_SECTION, DistributedOptimizer, register, see_docs, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import NAMED_RULES_SECTION, see_docs, tree_map
+from elephant.optimizers.registry import register
 
 
 @register

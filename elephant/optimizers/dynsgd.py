@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from elephant.optimizers.agn import SqrtScaling, check_sqrt_scaling
-from elephant.optimizers.base import DistributedOptimizer, register, staleness, tree_map
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import staleness, tree_map
+from elephant.optimizers.registry import register
 
 
 @register

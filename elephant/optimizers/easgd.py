@@ -16,9 +16,10 @@ import logging
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import (NAMED_RULES_SECTION, DistributedOptimizer, check_number, register, see_docs,
-                                      tree_map)
+from elephant.optimizers.base import DistributedOptimizer
+from elephant.optimizers.helpers import NAMED_RULES_SECTION, check_number, see_docs, tree_map
 from elephant.optimizers.local import local_setting
+from elephant.optimizers.registry import register
 
 logger = logging.getLogger(__name__)
 

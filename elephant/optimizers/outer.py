@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import Weights, check_number, tree_map
+from elephant.optimizers.helpers import Weights, check_number, tree_map
 
 __all__ = ["OuterMomentum"]
 

@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Sequence
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import check_number
+from elephant.optimizers.helpers import check_number
 
 __all__ = ["round_robin", "timed"]
 

@@ -63,7 +63,8 @@ import numpy as np
 
 from elephant import weights as W
 from elephant.errors import ConfigError, ScheduleError
-from elephant.optimizers.base import DistributedOptimizer, check_overlap, tree_map
+from elephant.optimizers.base import DistributedOptimizer, check_overlap
+from elephant.optimizers.helpers import tree_map
 from elephant.optimizers.codecs import encode_change
 from elephant.optimizers.compress import check_reply_mode
 from elephant.protocol import MODES, Commit, Reply, merge_reply, round_complete, ssp_admitted

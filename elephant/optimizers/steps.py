@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from elephant.errors import ConfigError
-from elephant.optimizers.base import check_number, tree_map
+from elephant.optimizers.helpers import check_number, tree_map
 
 __all__ = ["sgd", "nesterov", "quadratic", "GradFn", "LocalStep"]
 

@@ -11,11 +11,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name, argv, capsys, monkeypatch):
-    from elephant.optimizers import base
+    from elephant.optimizers import registry as registry_module
 
     # an example may register its own rule; keep the registry of the other tests as it was
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    monkeypatch.setattr(base, "_ALIASES", dict(base._ALIASES))
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    monkeypatch.setattr(registry_module, "_ALIASES", dict(registry_module._ALIASES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

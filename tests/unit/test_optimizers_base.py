@@ -11,14 +11,14 @@ import pytest
 
 import elephant.optimizers as eo
 from elephant.errors import ConfigError, DataError
-from elephant.optimizers import base
+from elephant.optimizers import registry as registry_module
 
 
 @pytest.fixture
 def registry(monkeypatch):
     """A private copy of the registry, so test classes do not leak into other tests."""
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    monkeypatch.setattr(base, "_ALIASES", dict(base._ALIASES))
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    monkeypatch.setattr(registry_module, "_ALIASES", dict(registry_module._ALIASES))
 
 
 # ------------------------------------------------------------------ public API
