@@ -43,7 +43,8 @@ from elephant.fit.plan import plan_fit
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, step_rates
 from elephant.optimizers.schedules import timed
-from elephant.optimizers.simulate import Trace, simulate
+from elephant.optimizers.simulate import simulate
+from elephant.optimizers.trace import Trace
 from elephant.worker import pass_order, shuffle_key, train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]

@@ -38,7 +38,8 @@ from elephant.optimizers.averaging import ModelAveraging
 from elephant.optimizers.dcasgd import DCASGD
 from elephant.optimizers.delayed_nesterov import DelayedNesterov
 from elephant.optimizers.compress import Compressed
-from elephant.optimizers.simulate import ScheduleError, Trace, simulate
+from elephant.optimizers.simulate import ScheduleError, simulate
+from elephant.optimizers.trace import Trace
 
 __all__ = [
     "MODES",

@@ -57,14 +57,11 @@ def test_an_elastic_reply_is_applied_to_the_weights_as_sent():
 
 
 def test_the_server_the_worker_and_the_simulator_use_these_rules():
-    import importlib
-
     from elephant import worker
+    from elephant.optimizers import simulation
     from elephant.ps import rounds, store, wire
 
-    simulate = importlib.import_module("elephant.optimizers.simulate")  # the package's simulate is the function
-
-    assert store.ssp_admitted is P.ssp_admitted and simulate.ssp_admitted is P.ssp_admitted
-    assert rounds.round_complete is P.round_complete and simulate.round_complete is P.round_complete
-    assert worker.merge_reply is P.merge_reply and simulate.merge_reply is P.merge_reply
+    assert store.ssp_admitted is P.ssp_admitted and simulation.ssp_admitted is P.ssp_admitted
+    assert rounds.round_complete is P.round_complete and simulation.round_complete is P.round_complete
+    assert worker.merge_reply is P.merge_reply and simulation.merge_reply is P.merge_reply
     assert wire.CommitKey is P.CommitKey and store.Commit is P.Commit
