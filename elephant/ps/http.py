@@ -286,6 +286,8 @@ class PooledWSGIServer(BaseWSGIServer):
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="elephant-ps-handler")
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._serving = 0  # handler threads inside _serve, counted under _served
+        self._served = threading.Condition()
         self._max_connections, self._linger, self._authorization = max_connections, linger, authorization
         self.accepted = 0
         self.refused = 0
@@ -324,9 +326,19 @@ class PooledWSGIServer(BaseWSGIServer):
     def dispatch(self, sock: socket.socket, address: Any, head: bytes, prefix: bytes) -> None:
         """Serve an authorized request from the pool (called by the gate)."""
         try:
-            self._pool.submit(self._serve, sock, address, head, prefix)
+            self._pool.submit(self._counted_serve, sock, address, head, prefix)
         except RuntimeError:  # the pool is shutting down
             self.drop(sock)
+
+    def _counted_serve(self, *args: Any) -> None:
+        with self._served:
+            self._serving += 1
+        try:
+            self._serve(*args)
+        finally:
+            with self._served:
+                self._serving -= 1
+                self._served.notify_all()
 
     def _serve(self, sock: socket.socket, address: Any, head: bytes, prefix: bytes) -> None:
         """Serve requests on ``sock`` while they come back to back, then give it back to the gate.
@@ -387,19 +399,37 @@ class PooledWSGIServer(BaseWSGIServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.exception("parameter server error on a connection from %s", client_address)
 
+    #: How long :meth:`close_all` lets handlers finish the replies they are writing (a commit the store's close
+    #: released answers 503) before it cuts their connections too.
+    DRAIN_S = 2.0
+
     def close_all(self) -> None:
-        """Stop the gate, shut down open connections, wait for the handler threads, close the sockets."""
+        """Stop the gate, shut down open connections, wait for the handler threads, close the sockets.
+
+        Reading ends first, which wakes every handler blocked on its socket while one writing a reply can still
+        finish it; what is still served after :data:`DRAIN_S` (a peer that stopped reading) is cut both ways.
+        """
         self._gate.stop()
         with self._connections_lock:
             connections = list(self._connections)
         for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)  # wakes a handler blocked reading the socket
-            except OSError:
-                pass
+            _shutdown(conn, socket.SHUT_RD)
+        with self._served:
+            self._served.wait_for(lambda: self._serving == 0, timeout=self.DRAIN_S)
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            _shutdown(conn, socket.SHUT_RDWR)
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._connections_lock:
             leftover, self._connections = list(self._connections), set()
         for conn in leftover:  # queued connections whose future was cancelled
             self.shutdown_request(conn)
         self.server_close()
+
+
+def _shutdown(conn: socket.socket, how: int) -> None:
+    try:
+        conn.shutdown(how)
+    except OSError:
+        pass
