@@ -151,7 +151,8 @@ class ClassicRun:
         ``shards``, else the store itself) on a port of :func:`elephant.session.ps_ports`, the
         urls in shard order: an unsharded store's in the driver's process with its own threads,
         a sharded one's each in a process of its own (:meth:`ShardedStore.serve_in_processes`;
-        in the driver's threads where :data:`SHARDS_IN_PROCESSES` is False).
+        in the driver's threads where :data:`SHARDS_IN_PROCESSES` is False). ``job_group`` is
+        the one the run was made with, set then so that the data's check ran in it too.
         """
         from elephant.ps.app import create_app, max_body_bytes
         from elephant.ps.server import start_server
