@@ -28,6 +28,7 @@ __all__ = [
     "is_dataframe",
     "num_samples",
     "take",
+    "take_block",
     "split_numpy",
     "ordered_blocks",
     "concat_outputs",
@@ -102,6 +103,11 @@ def take(x: Any, index) -> Any:
     if x is None:
         return None
     return _map(x, lambda a: a[index])
+
+
+def take_block(block: tuple, index) -> tuple:
+    """Rows ``index`` of every part of a block (``(x, y)`` or ``(x, y, w)``; ``y`` may be None)."""
+    return tuple(take(part, index) for part in block)
 
 
 def concat_outputs(parts: list[Any]) -> Any:

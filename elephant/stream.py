@@ -24,13 +24,10 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from elephant import data as D
+from elephant.config import check_positive_int
 from elephant.errors import ConfigError
 
 __all__ = ["batches", "shuffled", "stream_order"]
-
-
-def _rows(block: tuple, index) -> tuple:
-    return tuple(D.take(part, index) for part in block)
 
 
 def shuffled(blocks: Iterable[tuple], buffer: int, seed: int, carry: float = 0.5) -> Iterator[tuple]:
@@ -69,18 +66,17 @@ def shuffled(blocks: Iterable[tuple], buffer: int, seed: int, carry: float = 0.5
         merged = next(D.concat_blocks(held))
         order = rng.permutation(count)
         out = count - min(keep, count)
-        yield _rows(merged, order[:out])
-        held = [_rows(merged, order[out:])] if out < count else []
+        yield D.take_block(merged, order[:out])
+        held = [D.take_block(merged, order[out:])] if out < count else []
         count -= out
     if count:
         merged = next(D.concat_blocks(held))
-        yield _rows(merged, rng.permutation(count))
+        yield D.take_block(merged, rng.permutation(count))
 
 
 def batches(blocks: Iterable[tuple], batch_size: int) -> Iterator[tuple]:
     """Consecutive batches of ``batch_size`` rows cut from ``blocks`` in order (the last may be shorter)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"`batch_size` must be a positive int; received batch_size={batch_size!r}")
+    check_positive_int("batch_size", batch_size)
     pending: list[tuple] = []
     count = 0
     for block in blocks:
@@ -88,17 +84,17 @@ def batches(blocks: Iterable[tuple], batch_size: int) -> Iterator[tuple]:
         start = 0
         if count:  # top up the batch begun by the previous block
             start = min(batch_size - count, n)
-            pending.append(_rows(block, slice(0, start)))
+            pending.append(D.take_block(block, slice(0, start)))
             count += start
             if count < batch_size:
                 continue
             yield next(D.concat_blocks(pending))
             pending, count = [], 0
         while start + batch_size <= n:
-            yield _rows(block, slice(start, start + batch_size))
+            yield D.take_block(block, slice(start, start + batch_size))
             start += batch_size
         if start < n:
-            pending, count = [_rows(block, slice(start, n))], n - start
+            pending, count = [D.take_block(block, slice(start, n))], n - start
     if count:
         yield next(D.concat_blocks(pending))
 

@@ -57,14 +57,9 @@ def head_steps(pass_steps: int | None) -> int:
     return min(HEAD_STEPS, pass_steps // 2) if pass_steps else 0
 
 
-def _take(block: tuple, rows) -> tuple:
-    """Rows ``rows`` (a slice or an index array) of every array of a block (its ``y`` may be None)."""
-    return tuple(None if part is None else D.take(part, rows) for part in block)
-
-
 def head_rows(block: tuple, order: np.ndarray, steps: int, batch_size: int) -> tuple:
     """The rows of ``block`` that its partition's first ``steps`` batches of ``batch_size`` hold, in ``order``."""
-    return _take(block, order[: steps * batch_size])
+    return D.take_block(block, order[: steps * batch_size])
 
 
 def partition_head(key: str | None, epoch: int, steps: int, batch_size: int):
@@ -91,8 +86,8 @@ def global_batches(parts: Sequence[tuple], steps: int, batch_size: int,
     worker's batch is rounded up (``ceil(B/K)``, one sample where ``K > B``) and the ``K`` workers' batches of a
     step hold more than ``B`` rows: cut at ``global_batch = B``, the head trains those rows in plain Keras' batches,
     as many steps as plain Keras takes over them."""
-    joined = (next(D.concat_blocks([_take(block, slice(i * batch_size, (i + 1) * batch_size)) for block in parts]),
-                   None) for i in range(steps))
+    joined = (next(D.concat_blocks([D.take_block(block, slice(i * batch_size, (i + 1) * batch_size))
+                                    for block in parts]), None) for i in range(steps))
     joined = (block for block in joined if block is not None)
     if global_batch is None:
         yield from joined
@@ -101,7 +96,7 @@ def global_batches(parts: Sequence[tuple], steps: int, batch_size: int,
     if rows is None:
         return
     for start in range(0, D.num_samples(rows[0]), global_batch):
-        yield _take(rows, slice(start, start + global_batch))
+        yield D.take_block(rows, slice(start, start + global_batch))
 
 
 class HeldState:

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -68,3 +69,11 @@ def plain_keras_accuracy(digits, epochs: int, batch_size: int = 32) -> float:
     model = digits_model()
     model.fit(x_train, y_train, epochs=epochs, batch_size=batch_size, verbose=0)
     return accuracy(model, x_test, y_test)
+
+
+def active_jobs_after(sc, seconds: float) -> list:
+    """The active job ids once none are left or ``seconds`` have passed (a cancel ends on Spark's event thread)."""
+    tracker, deadline = sc.statusTracker(), time.monotonic() + seconds
+    while list(tracker.getActiveJobsIds()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return list(tracker.getActiveJobsIds())

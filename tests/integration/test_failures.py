@@ -10,7 +10,7 @@ import pytest
 from elephant import SparkModel
 from elephant.errors import ConfigError, FitError
 
-from .helpers import accuracy, digits_model, worker_windows
+from .helpers import accuracy, active_jobs_after, digits_model, worker_windows
 
 
 def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):
@@ -203,16 +203,6 @@ def _tasks_running(sc) -> bool:
     return False
 
 
-def _no_jobs_within(sc, seconds: float) -> list:
-    """The active job ids once none are left or ``seconds`` have passed (a cancel ends on Spark's event thread)."""
-    import time
-
-    tracker, deadline = sc.statusTracker(), time.monotonic() + seconds
-    while list(tracker.getActiveJobsIds()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return list(tracker.getActiveJobsIds())
-
-
 def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):
     """T04: Ctrl-C in a notebook or script while a fit runs: sent once the second epoch's tasks are training."""
     import time
@@ -240,7 +230,7 @@ def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits)
     assert ended == [0]  # the first epoch ended; the second was interrupted
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
-    assert _no_jobs_within(sc, 30) == []
+    assert active_jobs_after(sc, 30) == []
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the session still trains
 
 
@@ -267,7 +257,7 @@ def test_ctrl_c_during_fit_start_cancels_its_job_and_leaves_nothing_behind(spark
         with pytest.raises(KeyboardInterrupt):
             sm.fit(records, epochs=1, batch_size=32, verbose=0)
         assert sent.is_set() and sm.ps_url is None  # interrupted before the server started
-        assert _no_jobs_within(sc, 30) == []  # cancelled: its tasks would have held on for a minute
+        assert active_jobs_after(sc, 30) == []  # cancelled: its tasks would have held on for a minute
     finally:
         stop.set()
         release.touch()

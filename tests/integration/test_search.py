@@ -2,7 +2,6 @@
 
 import secrets
 import threading
-import time
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -12,7 +11,7 @@ from elephant import optimizers as O
 from elephant.errors import PSError
 from elephant.search import hp, minimize
 
-from .helpers import accuracy
+from .helpers import accuracy, active_jobs_after
 
 
 def small_model(units=16, lr=1e-2):
@@ -117,10 +116,7 @@ def test_timeout_cancels_the_running_trial_spark_jobs(spark, digits, monkeypatch
     assert jobs[0].sm.last_metrics["commits_applied"] < steps / 2, jobs[0].sm.last_metrics  # cut mid-epoch
     # Spark's scheduler ends a cancelled job on its own event thread: under load the tracker can
     # list it for a moment after the search has returned; it must be gone within seconds.
-    tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 30
-    while list(tracker.getActiveJobsIds()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(tracker.getActiveJobsIds()) == []
+    assert active_jobs_after(spark.sparkContext, 30) == []
     assert not _ps_threads()
 
 
