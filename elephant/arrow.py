@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from elephant.data import concat_blocks
+from elephant.data import checked_blocks
 from elephant.errors import DataError
 
 __all__ = ["arrow_block_reader", "arrow_tensor", "dataframe_blocks", "dataframe_columns", "pack_arrays",
@@ -148,8 +148,9 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
     column, or be a list of scalar columns (stacked into one feature vector);
     ``weight_col`` names a numeric column of sample weights. The rows reach
     Python as Arrow batches (``mapInArrow``), each turned into one block by
-    whole-column operations and shipped on as one binary value; a partition's
-    blocks are then merged into one. No Row object is made.
+    whole-column operations and shipped on as one binary value; a partition
+    reaches its task as a stream of those blocks, never merged into one. No
+    Row object is made.
     """
     selected = selected_dataframe(df, features_col, label_col, weight_col)
     read = arrow_block_reader(features_col, label_col, weight_col)
@@ -161,10 +162,10 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
             if batch.num_rows:
                 yield pa.RecordBatch.from_arrays([pa.array([pack_arrays(read(batch))], pa.binary())], ["block"])
 
-    def merge(rows):
-        return concat_blocks(unpack_arrays(row[0]) for row in rows)
+    def unpacked(rows):
+        return checked_blocks(unpack_arrays(row[0]) for row in rows)
 
-    return selected.mapInArrow(to_blocks, "block binary").rdd.mapPartitions(merge)
+    return selected.mapInArrow(to_blocks, "block binary").rdd.mapPartitions(unpacked)
 
 
 _NUMERIC = ("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")

@@ -279,10 +279,12 @@ class FitArgs(_Fields):
     features_col: str | Sequence[str] = "features"
     label_col: str = "label"
     weight_col: str | None = None
+    shuffle_buffer: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen: validated once)
         set_("epochs", check_positive_int("epochs", self.epochs))
+        set_("shuffle_buffer", check_positive_int("shuffle_buffer", self.shuffle_buffer, allow_none=True))
         set_("batch_size", 32 if self.batch_size is None else check_positive_int("batch_size", self.batch_size))
         set_("validation_batch_size", self.batch_size if self.validation_batch_size is None else
              check_positive_int("validation_batch_size", self.validation_batch_size))

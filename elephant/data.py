@@ -41,6 +41,9 @@ __all__ = [
     "add_class_weights",
     "check_features",
     "stack_records",
+    "checked_blocks",
+    "row_bytes",
+    "stream_summary",
     "records_are_blocks",
     "partition_to_blocks",
     "concat_blocks",
@@ -285,6 +288,16 @@ def shape_summary(block) -> list[tuple]:
     return [tuple(a.shape[1:]) for a in _leaves(block[0])]
 
 
+def stream_summary(blocks: Iterable[tuple]) -> tuple[int, list[tuple], float]:
+    """A partition's ``(rows, feature shapes of its first block, bytes of one row)``, read as a stream of blocks."""
+    rows, shapes, size = 0, [], 0.0
+    for block in blocks:
+        if not rows:
+            shapes, size = shape_summary(block), row_bytes(block)
+        rows += num_samples(block[0])
+    return rows, shapes, size
+
+
 def checked_samples(model, parts: Sequence[tuple[int, Sequence[Sequence[int]]]]) -> int:
     """The training samples of the partitions that hold data, ``(samples, feature shapes)`` each, checked.
 
@@ -336,30 +349,50 @@ def chunked(items: Iterable[Any], size: int | None = None) -> Iterator[list[Any]
 
 
 def stack_records(records: Iterable[tuple], feature_dtype=np.float32) -> Iterator[tuple]:
-    """One block from ``(features, label)`` or ``(features, label, weight)`` records (empty -> nothing).
+    """Blocks of up to :data:`CHUNK_ROWS` consecutive ``(features, label)`` or ``(features, label, weight)`` records.
 
-    Records are stacked :data:`CHUNK_ROWS` at a time, so at most one chunk of
-    them is alive as Python objects, whatever the partition's size.
+    One chunk of records is alive as Python objects at a time, and the blocks
+    are given out as they are made, so a partition of any size streams through.
+
+    Raises:
+        DataError: records with and without weights mixed, or a weight that is None, NaN or infinite.
     """
-    xs, ys, ws = [], [], []
     weighted = None
     for chunk in chunked(records):
         if weighted is None:
             weighted = len(chunk[0]) == 3
-        if any(len(r) != len(chunk[0]) for r in chunk):
+        if any(len(r) != (3 if weighted else 2) for r in chunk):
             raise DataError("the RDD mixes (features, label) and (features, label, weight) records; "
                             "give every record a weight, or none")
-        xs.append(np.asarray([r[0] for r in chunk], dtype=feature_dtype))
-        ys.append(np.asarray([r[1] for r in chunk]))
+        block = (np.asarray([r[0] for r in chunk], dtype=feature_dtype), np.asarray([r[1] for r in chunk]))
         if weighted:
-            ws.append(np.asarray([r[2] for r in chunk], dtype=np.float32))
-            if not np.all(np.isfinite(ws[-1])):
+            w = np.asarray([r[2] for r in chunk], dtype=np.float32)
+            if not np.all(np.isfinite(w)):
                 raise DataError("the RDD's records hold None, NaN or infinite sample weights")
-    if not xs:
-        return iter(())
-    if weighted:
-        return iter([(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws))])
-    return iter([(np.concatenate(xs), np.concatenate(ys))])
+            block += (w,)
+        yield block
+
+
+def checked_blocks(blocks: Iterable[tuple]) -> Iterator[tuple]:
+    """The blocks that hold rows, as they come, refusing a mix of blocks with and without weights.
+
+    Raises:
+        DataError: a block with weights and one without in the same stream.
+    """
+    parts = None
+    for block in blocks:
+        if parts is None:
+            parts = len(block)
+        elif len(block) != parts:
+            raise DataError("the RDD mixes blocks with and without sample weights; give every block weights, or none")
+        if num_samples(block[0]) > 0:
+            yield block
+
+
+def row_bytes(block: tuple) -> float:
+    """The bytes one sample of ``block`` takes (its features, labels and weights), 0 for an empty block."""
+    n = num_samples(block[0])
+    return sum(a.nbytes for part in block if part is not None for a in _leaves(part)) / n if n else 0.0
 
 
 def concat_blocks(blocks: Iterable[tuple]) -> Iterator[tuple]:
@@ -389,11 +422,13 @@ def _concat(parts: Sequence[Any]) -> Any:
 
 
 def partition_to_blocks(expected_shapes: list[tuple] | None):
-    """A ``mapPartitions`` function turning records or blocks into one block.
+    """A ``mapPartitions`` function turning records or blocks into a stream of blocks (never one merged block).
 
     The format is read from each partition's first element, inside the task:
     a ``first()`` job on the driver would leave a Python worker half-read, and
     Spark would start (and the worker rebuild its model in) a fresh one.
+    Records are stacked :data:`CHUNK_ROWS` at a time (:func:`stack_records`);
+    blocks go on as they are (:func:`checked_blocks`).
     """
 
     def convert(items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
@@ -402,6 +437,6 @@ def partition_to_blocks(expected_shapes: list[tuple] | None):
         if first is None:
             return iter(())
         items = itertools.chain([first], it)
-        return concat_blocks(items) if records_are_blocks(first, expected_shapes) else stack_records(items)
+        return checked_blocks(items) if records_are_blocks(first, expected_shapes) else stack_records(items)
 
     return convert

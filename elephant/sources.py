@@ -32,12 +32,15 @@ __all__ = ["DataFrameSource", "NumpySource", "RDDSource", "Source", "Training", 
 @dataclasses.dataclass
 class Training:
     """A fit's training data as blocks: ``rdd`` of ``num_workers`` partitions, ``samples`` (None: not
-    counted yet, the data live in Spark), and the validation data ``validation_split`` held out (numpy)."""
+    counted yet, the data live in Spark), and the validation data ``validation_split`` held out (numpy);
+    where counted, each partition's samples and the bytes of one sample."""
 
     rdd: Any
     num_workers: int
     samples: int | None = None
     validation: tuple | None = None
+    partition_samples: tuple[int, ...] = ()
+    row_bytes: float = 0.0
 
 
 class Source:
@@ -166,7 +169,8 @@ class NumpySource(Source):
             w = D.class_weights_to_sample_weights(y, args.class_weight)
         num_workers = decide_workers(requested, self.available_workers(sc), samples=n)
         blocks = D.split_numpy(x, y, num_workers, seed=seed, sample_weight=w)
-        return Training(shipped_blocks(sc, blocks), num_workers, n, validation)
+        return Training(shipped_blocks(sc, blocks), num_workers, n, validation,
+                        tuple(D.num_samples(block[0]) for block in blocks), D.row_bytes(blocks[0]))
 
 
     def bootstrap(self, seed: int) -> tuple[Any, Any]:

@@ -249,6 +249,7 @@ class SparkModel:
         features_col: str | Sequence[str] = "features",
         label_col: str = "label",
         weight_col: str | None = None,
+        shuffle_buffer: int | None = None,
     ):
         """Train on Spark; returns a ``keras.callbacks.History``.
 
@@ -276,6 +277,13 @@ class SparkModel:
         starts the epoch count there, as when resuming a run (epochs
         ``initial_epoch`` to ``epochs - 1`` are trained, and History and the
         callbacks see those numbers).
+
+        Each worker reads its partition as a stream and shuffles it every
+        epoch through a buffer of ``shuffle_buffer`` samples (default: as many
+        as fit in 256 MiB, so a partition that fits is shuffled whole, as one
+        permutation); its memory holds the buffer, not the partition. Data
+        sorted by label want a buffer that holds the partition, or a shuffle
+        before the fit (docs/data.md).
 
         With a Spark Connect session ``x`` must be a DataFrame: each epoch is
         one barrier stage whose first task hosts the parameter server

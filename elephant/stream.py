@@ -27,7 +27,29 @@ from elephant import data as D
 from elephant.config import check_positive_int
 from elephant.errors import ConfigError
 
-__all__ = ["batches", "shuffled", "stream_order"]
+__all__ = ["BUFFER_BYTES", "batches", "buffer_samples", "describe_buffer", "first_rows", "shuffled", "skip_rows", "stream_order"]
+
+#: The default shuffle buffer of a worker, in bytes of samples: a partition that fits in it is shuffled whole, as
+#: one permutation (docs/data.md, "The shuffle buffer").
+BUFFER_BYTES = 256 * 2**20
+
+
+def buffer_samples(shuffle_buffer: int | None, row_bytes: float) -> int:
+    """The samples a worker's shuffle buffer holds: ``fit(shuffle_buffer=)`` where given, else as many samples of
+    ``row_bytes`` bytes as :data:`BUFFER_BYTES` holds (at least one)."""
+    if shuffle_buffer is not None:
+        return shuffle_buffer
+    return max(1, int(BUFFER_BYTES // max(row_bytes, 1.0)))
+
+
+def describe_buffer(buffer: int, partition_samples: Sequence[int], row_bytes: float) -> str:
+    """The fit-start log line on the workers' shuffle buffer."""
+    largest = max(partition_samples, default=0)
+    size = f"{buffer} samples, {buffer * row_bytes / 2**20:.3g} MiB"
+    if buffer >= largest:
+        return f"shuffle: each partition (at most {largest} samples) shuffled whole every epoch (buffer of {size})"
+    return (f"shuffle: each partition (at most {largest} samples) streamed through a shuffle buffer of {size} "
+            "(fit(shuffle_buffer=); docs/data.md has how close that is to a full shuffle)")
 
 
 def shuffled(blocks: Iterable[tuple], buffer: int, seed: int, carry: float = 0.5) -> Iterator[tuple]:
@@ -97,6 +119,29 @@ def batches(blocks: Iterable[tuple], batch_size: int) -> Iterator[tuple]:
             pending, count = [D.take_block(block, slice(start, n))], n - start
     if count:
         yield next(D.concat_blocks(pending))
+
+
+def skip_rows(blocks: Iterable[tuple], rows: int) -> Iterator[tuple]:
+    """The blocks of a stream without its first ``rows`` rows."""
+    for block in blocks:
+        n = D.num_samples(block[0])
+        if rows >= n:
+            rows -= n
+            continue
+        yield D.take_block(block, slice(rows, n)) if rows else block
+        rows = 0
+
+
+def first_rows(blocks: Iterable[tuple], rows: int) -> tuple | None:
+    """The first ``rows`` rows of a stream as one block (fewer where it ends first; None where it holds none);
+    it reads no block past them."""
+    taken: list[tuple] = []
+    blocks = iter(blocks)
+    while rows > 0 and (block := next(blocks, None)) is not None:
+        n = D.num_samples(block[0])
+        taken.append(block if n <= rows else D.take_block(block, slice(0, rows)))
+        rows -= n
+    return next(D.concat_blocks(taken), None)
 
 
 def stream_order(block_sizes: Sequence[int], buffer: int, seed: int, carry: float = 0.5) -> np.ndarray:

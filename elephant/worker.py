@@ -1,7 +1,9 @@
 """The partition training loop, run inside a Spark task.
 
-The loop runs Keras' own compiled train step over the partition's numpy block
-(shuffled once per pass), committing after every ``window`` steps through the
+The loop runs Keras' own compiled train step over the partition's stream of
+numpy blocks, shuffled through a bounded buffer anew every pass
+(:func:`pass_blocks`, :mod:`elephant.stream`) and never merged into one block
+beyond the buffer, committing after every ``window`` steps through the
 distributed optimizer's worker rule and merging the reply. The last partial
 window is flushed, not dropped.
 
@@ -20,20 +22,23 @@ import hashlib
 import logging
 import math
 import os
+import sys
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from elephant import data as D
 from elephant.backends import stepper
+from elephant.errors import DataError
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, inner_optimizer, step_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
+from elephant.stream import batches, shuffled, skip_rows, stream_order
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,8 @@ class TaskSpec:
     local_momentum: LocalMomentum | None = None  # the replicas' first-moment decay (FitPlan.local_momentum)
     warmup_window: int | None = None  # commit every this many steps in the pass's first RAMP_STEPS (FitPlan's)
     skip_steps: int = 0  # the pass's first batches, which the driver's head trained (elephant.fit.head)
+    shuffle_buffer: int | None = None  # samples of each task's shuffle buffer (None: its whole partition)
+    partition_samples: tuple[int, ...] = ()  # each partition's rows, counted on the driver (empty: counted here)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -315,48 +322,90 @@ def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
                       -(-n // spec.batch_size))
 
 
-def pass_order(key: str | None, epoch: int, partition: int, n: int) -> np.ndarray:
-    """The order in which a partition's task trains its ``n`` samples in ``epoch``: shuffled with the fit's
-    ``key`` (:func:`shuffle_order`), or as they are where ``key`` is None (``shuffle=False``)."""
-    return np.arange(n) if key is None else shuffle_order(key, epoch, partition, n)
+def pass_order(key: str | None, epoch: int, partition: int, n: int, buffer: int | None = None) -> np.ndarray:
+    """The order in which a partition of ``n`` samples held as one block is trained in ``epoch``: shuffled with the
+    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition, :func:`shuffle_order`), as
+    :func:`pass_blocks` gives it, or as it is where ``key`` is None (``shuffle=False``)."""
+    if key is None:
+        return np.arange(n)
+    if buffer is None or buffer >= n:
+        return shuffle_order(key, epoch, partition, n)
+    return stream_order([n], buffer, shuffle_seed(key, epoch, partition))
 
 
-def pass_rows(spec: TaskSpec, partition: int, n: int) -> np.ndarray | None:
-    """The rows of a partition of ``n`` samples its task trains this epoch, in order (None: all, as they are): the
-    epoch's :func:`pass_order` without the ``spec.skip_steps`` batches the driver's head trained."""
-    if not (spec.shuffle or spec.skip_steps):
-        return None
+def pass_blocks(blocks: Iterable[tuple], key: str | None, epoch: int, partition: int,
+                buffer: int | None = None) -> Iterator[tuple]:
+    """A partition's rows in the order its task trains them in ``epoch``, as a stream of blocks: shuffled with the
+    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition) seeded by
+    :func:`shuffle_seed`, or as they are read where ``key`` is None (``shuffle=False``). The order is a function of
+    the seed and of the blocks, so a retried task that reads the same blocks trains the same rows in the same
+    order."""
+    blocks = D.checked_blocks(blocks)
+    if key is None:
+        return blocks
+    return shuffled(blocks, sys.maxsize if buffer is None else buffer, shuffle_seed(key, epoch, partition))
+
+
+def task_blocks(spec: TaskSpec, partition: int, blocks: Iterable[tuple], n: int) -> Iterator[tuple]:
+    """The rows a partition of ``n`` rows trains this epoch, in order: the epoch's :func:`pass_blocks` without the
+    ``spec.skip_steps`` batches the driver's head trained.
+
+    Raises (while it is read):
+        DataError: the partition holds other than ``n`` rows (its source gave other rows than when it was counted).
+    """
     key = (spec.shuffle_key or spec.run) if spec.shuffle else None
-    return pass_order(key, spec.epoch, partition, n)[spec.skip_steps * spec.batch_size:]
+    rows = pass_blocks(_exactly(blocks, n, partition, spec.epoch), key, spec.epoch, partition, spec.shuffle_buffer)
+    return skip_rows(rows, spec.skip_steps * spec.batch_size)
 
 
-def _train_pass(model, x: Any, y: Any, w: Any, spec: TaskSpec, window: _Window,
-                rates: list[float] | None = None) -> dict[str, float]:
-    """One pass over the block with Keras' compiled train step; commits via ``window``.
+def _exactly(blocks: Iterable[tuple], n: int, partition: int, epoch: int) -> Iterator[tuple]:
+    seen = 0
+    for block in blocks:
+        seen += D.num_samples(block[0])
+        if seen > n:
+            break
+        yield block
+    if seen != n:
+        raise DataError(f"partition {partition} holds {f'more than {n}' if seen > n else seen} rows in epoch "
+                        f"{epoch + 1}, but held {n} when the fit counted them: its source is not deterministic (a "
+                        "recomputed partition must give the same rows); cache or checkpoint the data before the fit")
+
+
+def _train_pass(batches: Iterable[tuple], spec: TaskSpec, window: _Window,
+                rates: list[float] | None = None) -> tuple[dict[str, float], float]:
+    """One pass over ``batches`` with Keras' compiled train step; commits via ``window``. Returns the last step's
+    logs and the sum of the weights of the rows trained (their count where they carry none).
 
     ``model.fit`` costs ~0.1-0.2 s of set-up per call, which dominates short
     partitions, so the pass drives Keras' compiled train function directly
     through the window's :class:`~elephant.backends.Stepper`: one step per
     batch, metrics accumulated as in ``fit`` (reset once per pass), each at
-    its entry of ``rates`` when given (:func:`pass_rates`), over the block's rows in
-    the order given (:func:`pass_rows`). The caller syncs the stepper's state back
-    into ``model`` after the pass's last commit.
+    its entry of ``rates`` when given (:func:`pass_rates`). The caller syncs
+    the stepper's state back into the model after the pass's last commit.
     """
-    n = D.num_samples(x)
     window.stepper.begin_pass()
     logs: dict[str, Any] = {}
-    for i, start in enumerate(range(0, n, spec.batch_size)):
-        batch = slice(start, start + spec.batch_size)
+    weight_sum = 0.0
+    for i, batch in enumerate(batches):
+        x, y, w = D.unpack(batch)
+        weight_sum += D.num_samples(x) if w is None else float(np.sum(w))
         if rates is not None:
             window.stepper.set_learning_rate(rates[i])
-        logs = window.stepper.step((D.take(x, batch), D.take(y, batch), D.take(w, batch)))
+        logs = window.stepper.step((x, y, w))
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             window.diverge()  # as Keras' TerminateOnNaN, but the center never sees the NaN
         else:
             window.after_step()
         if window.diverged_at is not None:
             break
-    return {k: float(v) for k, v in logs.items()}
+    return {k: float(v) for k, v in logs.items()}, weight_sum
+
+
+def peak_rss() -> int:
+    """The peak resident memory of this process so far, in bytes (a Python worker's, reused from task to task)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def run_partition(
@@ -382,17 +431,17 @@ def run_partition(
     t_start = time.perf_counter()
     device = enter_task(spec.backend, f"partition {partition} of run {spec.run}")
     limit_threads(cores)
-    block = next(D.concat_blocks(blocks), None)
-    n = 0 if block is None else D.num_samples(block[0])
+    if spec.partition_samples:
+        n = spec.partition_samples[partition]
+    else:  # not counted on the driver: read the partition once to count it (it is then held in memory)
+        blocks = list(D.checked_blocks(blocks))
+        n = sum(D.num_samples(b[0]) for b in blocks)
     base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0, "device": device}
-    order = pass_rows(spec, partition, n) if n else None
-    trained = n if order is None else len(order)  # the rows after the driver's head
+    trained = max(0, n - spec.skip_steps * spec.batch_size)  # the rows after the driver's head
     if trained == 0:
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
-    x, y, w = D.unpack(block)
-    if order is not None:  # seeded: a retried task replays the samples of the attempt it replaces, in order
-        x, y, w = D.take(x, order), D.take(y, order), D.take(w, order)
+    rows = task_blocks(spec, partition, blocks, n)  # seeded: a retried task replays its attempt's rows, in order
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
     rates = pass_rates(spec, trained)
@@ -400,7 +449,7 @@ def run_partition(
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, trained)
     try:
-        logs = _train_pass(model, x, y, w, spec, window, rates)
+        logs, weight_sum = _train_pass(batches(rows, spec.batch_size), spec, window, rates)
         window.commit()  # flush the partial last window
         window.settle()
     finally:
@@ -417,7 +466,7 @@ def run_partition(
             optimizer_state=optimizer_state,
             learning_rate=rate,
             logs=logs,
-            weight_sum=trained if w is None else float(np.sum(w)),
+            weight_sum=weight_sum,
             weighted_keys=weighted_metric_keys(model),
             seconds=time.perf_counter() - t_start,
             setup_seconds=t_ready - t_start,
@@ -425,5 +474,6 @@ def run_partition(
             pull_seconds=window.pull_seconds,
             started_at=started_at,
             ended_at=time.time(),
+            peak_rss=peak_rss(),
         )
     ]

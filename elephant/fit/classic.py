@@ -42,9 +42,10 @@ SHARDS_IN_PROCESSES = True
 def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
     """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
 
-    The RDD's ``elephant_samples`` is the number of training samples: counted
-    (and the blocks checked against the model) by one Spark job when the data
-    live in Spark.
+    The RDD's ``elephant_samples`` is the number of training samples,
+    ``elephant_partition_samples`` each partition's and ``elephant_row_bytes``
+    the bytes of one sample: counted (and the blocks checked against the
+    model) by one Spark job when the data live in Spark.
     """
     training = data.training(model, sc, settings.num_workers, args, settings.seed)
     rdd = training.rdd
@@ -52,14 +53,16 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
         rdd = rdd.cache()
         try:
             with session.job_description(rdd.context, "elephant fit: check and cache the training data"):
-                summary = collect_checked(
-                    rdd.mapPartitions(lambda it: [[(D.num_samples(b[0]), D.shape_summary(b)) for b in it]]).collect)
-            rdd.elephant_samples = D.checked_samples(model, [s[0] for s in summary if s])
+                parts = collect_checked(rdd.mapPartitions(lambda blocks: [D.stream_summary(blocks)]).collect)
+            rdd.elephant_samples = D.checked_samples(model, [(n, shapes) for n, shapes, _ in parts if n])
         except BaseException:  # bad data, or Ctrl-C while the job ran: nothing stays cached
             release(rdd)
             raise
+        rdd.elephant_partition_samples = tuple(n for n, _, _ in parts)
+        rdd.elephant_row_bytes = max(row for _, _, row in parts)
     else:
         rdd.elephant_samples = training.samples
+        rdd.elephant_partition_samples, rdd.elephant_row_bytes = training.partition_samples, training.row_bytes
     return rdd, training.num_workers, training.validation
 
 
@@ -114,6 +117,8 @@ class ClassicRun:
             self.sc.setLocalProperty("spark.jobGroup.id", None)
             raise
         self.samples = self.rdd.elephant_samples
+        self.partition_samples: tuple[int, ...] = self.rdd.elephant_partition_samples
+        self.row_bytes: float = self.rdd.elephant_row_bytes
         self._servers: list[Any] = []
         self._processes = None  # the ShardedStore whose shards serve from processes
         self._broadcast = None
@@ -136,11 +141,13 @@ class ClassicRun:
         """Refuse a GPU request that cannot work (:func:`elephant.gpu.check_request`)."""
         gpu.check_request(self.conf, self.sc.master, backend, self.sc.environment)
 
-    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
+    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int,
+                  buffer: int | None = None) -> list[tuple]:
         """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: one job over
-        the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``."""
+        the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``
+        (shuffled through ``buffer`` samples)."""
         with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"), self.guard():
-            heads = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size))
+            heads = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size, buffer))
             found = collect_checked(heads.collect)
         return [part for _, part in sorted(found, key=lambda item: item[0])]
 

@@ -109,26 +109,27 @@ class HostedRun:
         self.df = A.selected_dataframe(x, *columns).repartition(self.num_workers).cache()
         self._tag = None
         try:
-            self.samples = self._check(model)
+            self.samples, self.partition_samples, self.row_bytes = self._check(model)
         except BaseException:
             self.df.unpersist()
             raise
 
-    def _check(self, model) -> int:
-        """Read and cache the data once: the number of samples, checked against the model."""
+    def _check(self, model) -> tuple[int, tuple[int, ...], float]:
+        """Read and cache the data once, as a stream: ``(the number of samples, checked against the model, each
+        partition's, the bytes of one sample)``."""
         blocks = self._blocks
 
         def summary(batches):
             import pyarrow as pa
 
-            block = next(D.concat_blocks(blocks(batches)), None)
-            found = [] if block is None else [D.num_samples(block[0]), D.shape_summary(block)]
-            yield pa.RecordBatch.from_arrays([pa.array([json.dumps(found)])], ["summary"])
+            yield pa.RecordBatch.from_arrays([pa.array([json.dumps(D.stream_summary(blocks(batches)))])], ["summary"])
 
-        rows = collect_checked(self.df.mapInArrow(summary, "summary string").collect)
-        return D.checked_samples(model, [part for part in (json.loads(row[0]) for row in rows) if part])
+        parts = [json.loads(row[0]) for row in collect_checked(self.df.mapInArrow(summary, "summary string").collect)]
+        samples = D.checked_samples(model, [(n, shapes) for n, shapes, _ in parts if n])
+        return samples, tuple(n for n, _, _ in parts), max(size for _, _, size in parts)
 
-    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
+    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int,
+                  buffer: int | None = None) -> list[tuple]:
         """Never asked for: a fit whose tasks host the server trains no head (:func:`elephant.fit.plan.plan_fit`)."""
         raise NotImplementedError("under Spark Connect the parameter server runs in the epoch's tasks, and such a fit "
                                   f"trains no head on the driver; received a request for {steps} head steps")

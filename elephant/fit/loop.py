@@ -37,6 +37,7 @@ from elephant.fit.validation import Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.local import inner_optimizer, settable_rate
 from elephant.sources import Source, source
+from elephant.stream import buffer_samples, describe_buffer
 from elephant.worker import TaskSpec, shuffle_key
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,10 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     barrier = runner.barrier(mode)
     backend = framework.current_backend()
     plan = _start(model, settings, args, runner, backend)
-    report.plan = plan.as_dict()
+    buffer = buffer_samples(args.shuffle_buffer, runner.row_bytes)
+    if args.shuffle:
+        log.info(describe_buffer(buffer, runner.partition_samples, runner.row_bytes))
+    report.plan = dict(plan.as_dict(), shuffle_buffer=buffer if args.shuffle else None)
     rule, num_workers, run = plan.rule, plan.num_workers, report.run
 
     token = secrets.token_urlsafe(32)
@@ -206,7 +210,7 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
         try:
-            train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size), head,
+            train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size, buffer), head,
                        plan.worker_batch_size, plan.head_batch_size)
         except BaseException:
             held.restore()
@@ -259,7 +263,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
                 warmup_window=plan.warmup_window if epoch == args.initial_epoch else None,  # set where the rate ramps
                 skip_steps=head if epoch == initial_epoch else 0,
-                local_moment=plan.local_moment, local_momentum=plan.local_momentum, **sharded,
+                local_moment=plan.local_moment, local_momentum=plan.local_momentum, shuffle_buffer=buffer,
+                partition_samples=runner.partition_samples, **sharded,
             )
             head_samples = spec.skip_steps * args.batch_size  # trained by the driver's head, before the job
             progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples).start()

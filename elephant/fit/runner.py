@@ -22,6 +22,8 @@ class SparkSide(Protocol):
     Attributes:
         num_workers: the workers (tasks) of each epoch.
         samples: the training samples, counted when the side was made.
+        partition_samples: each partition's training samples, in partition order.
+        row_bytes: the bytes of one training sample (its features, labels and weights).
         val: validation data split off the input (``validation_split``), or None.
         hosted: whether the epoch's tasks serve the parameter server (else the driver does).
         devices: the devices the tasks ask for, for the fit's first log line.
@@ -29,6 +31,8 @@ class SparkSide(Protocol):
 
     num_workers: int
     samples: int
+    partition_samples: tuple[int, ...]
+    row_bytes: float
     val: Any
     hosted: bool
     devices: str
@@ -42,8 +46,10 @@ class SparkSide(Protocol):
     def check_devices(self, backend: str) -> None:
         """Refuse a GPU request that cannot work with ``backend``."""
 
-    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int) -> list[tuple]:
-        """Each partition's rows of the driver's head, in partition order (:mod:`elephant.fit.head`)."""
+    def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int,
+                  buffer: int | None = None) -> list[tuple]:
+        """Each partition's rows of the driver's head, in partition order (:mod:`elephant.fit.head`), shuffled
+        through a buffer of ``buffer`` samples (None: each partition whole)."""
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Start serving ``store``: ``(what the tasks get as the model, the servers' urls in shard order)``."""

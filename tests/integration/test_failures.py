@@ -32,6 +32,35 @@ def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypat
     assert sm.fit_plan["head_steps"] > 0 and len(keys) == 2 * first  # every window applied exactly once
 
 
+def test_a_retried_task_streams_the_same_rows_through_a_small_shuffle_buffer(spark, digits, tmp_path, monkeypatch):
+    """A DataFrame's partitions reach their tasks as many Arrow blocks, shuffled through a buffer of a fifth of a
+    partition: a task that fails mid-pass is retried on the same stream, and nothing is applied twice."""
+    from pyspark.ml.linalg import Vectors
+
+    x_train, x_test, y_train, y_test = digits
+    df = spark.createDataFrame([(Vectors.dense(f.tolist()), int(label)) for f, label in zip(x_train, y_train)],
+                               ["features", "label"])
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=6,kind=raise,marker={marker}")
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "64")  # blocks of 64 rows
+    try:
+        sm = SparkModel(digits_model(), mode="asynchronous", frequency=2, num_workers=2, spark=spark)
+        sm.fit(df, epochs=3, batch_size=32, verbose=0, shuffle_buffer=128)
+    finally:
+        spark.conf.set(key, previous)
+    assert marker.exists(), "the fault never fired"
+    assert sm.fit_plan["shuffle_buffer"] == 128
+    keys = [tuple(entry[0]) for entry in sm.last_ledger]
+    assert not [k for k, c in Counter(keys).items() if c > 1]
+    assert sm.last_metrics["replays_dropped"] >= 3
+    assert len({entry[1] for entry in sm.last_ledger if entry[0][2] == 1 and entry[0][1] == 0}) == 2
+    first, later = worker_windows(sm, len(x_train), 2)
+    assert len(keys) == 2 * first + 2 * 2 * later  # every window of every epoch applied exactly once
+    assert accuracy(sm.model, x_test, y_test) >= 0.85
+
+
 def _port_is_free(port):
     """Nothing listens on ``port``: a new server can bind and listen there.
 

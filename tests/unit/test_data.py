@@ -101,15 +101,19 @@ class _Feature(list):
         _Alive.count -= 1
 
 
-def test_records_are_stacked_chunk_by_chunk_never_as_one_list(monkeypatch):
+def test_records_are_streamed_as_blocks_chunk_by_chunk_never_as_one_list(monkeypatch):
     from elephant import data as D
 
     monkeypatch.setattr(D, "CHUNK_ROWS", 100)
     _Alive.count = _Alive.peak = 0
     records = ((_Feature([float(i), -float(i)]), i % 3) for i in range(1000))
-    ((x, y),) = D.stack_records(records)
-    np.testing.assert_array_equal(x[:, 0], np.arange(1000, dtype=np.float32))
-    np.testing.assert_array_equal(y, np.arange(1000) % 3)
+    stream = D.stack_records(records)
+    first = next(stream)  # given out before the rest are read
+    assert _Alive.peak <= 2 * 100 + 1 and len(first[0]) == 100
+    blocks = [first, *stream]
+    assert [len(b[0]) for b in blocks] == [100] * 10
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks])[:, 0], np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in blocks]), np.arange(1000) % 3)
     assert _Alive.peak <= 2 * 100 + 1  # at most the chunk being built and the one just converted
     assert [len(c) for c in D.chunked(range(250), 100)] == [100, 100, 50]
 

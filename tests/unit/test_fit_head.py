@@ -126,7 +126,8 @@ def test_a_task_trains_the_rows_the_head_left_of_its_pass(shuffle, monkeypatch):
     assert stats["steps"] == 4 and [c[1:] for c in client.commits] == [(2, 8), (2, 6)]  # 14 rows, batches of 4
     assert stats["weight_sum"] == 14
     later = dataclasses.replace(spec, epoch=1, skip_steps=0)
-    assert (worker.pass_rows(later, 3, 22) is None) == (not shuffle)  # later epochs: every row
+    (rows,) = worker.task_blocks(later, 3, [block], 22)  # later epochs: every row, in the epoch's order
+    np.testing.assert_array_equal(rows[0], x[worker.pass_order("key" if shuffle else None, 1, 3, 22)])
 
 
 def test_a_task_whose_rows_the_head_took_all_trains_nothing_and_finishes():

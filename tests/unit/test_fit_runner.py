@@ -34,7 +34,7 @@ ATTRIBUTES = sorted(typing.get_type_hints(SparkSide))
 def test_the_interface_names_what_the_fit_loop_uses():
     assert METHODS == ["barrier", "cancel", "check_devices", "check_slots", "close", "guard", "head_rows", "job",
                        "open"]
-    assert ATTRIBUTES == ["devices", "hosted", "num_workers", "samples", "val"]
+    assert ATTRIBUTES == ["devices", "hosted", "num_workers", "partition_samples", "row_bytes", "samples", "val"]
 
 
 @pytest.mark.parametrize("side", [ClassicRun, HostedRun])
@@ -55,4 +55,5 @@ def test_the_check_fails_a_side_that_lacks_a_member():
         def __init__(self):
             self.num_workers, self.samples = 2, 10
 
-    assert sorted(set(ATTRIBUTES) - _assigned_in_init(Partial)) == ["devices", "hosted", "val"]
+    assert sorted(set(ATTRIBUTES) - _assigned_in_init(Partial)) == ["devices", "hosted", "partition_samples",
+                                                                    "row_bytes", "val"]
