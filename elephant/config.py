@@ -280,11 +280,16 @@ class FitArgs(_Fields):
     label_col: str = "label"
     weight_col: str | None = None
     shuffle_buffer: int | None = None
+    cache: Any = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen: validated once)
         set_("epochs", check_positive_int("epochs", self.epochs))
         set_("shuffle_buffer", check_positive_int("shuffle_buffer", self.shuffle_buffer, allow_none=True))
+        if not (self.cache is None or self.cache is False or type(self.cache).__name__ == "StorageLevel"):
+            raise ConfigError("`cache` must be a pyspark StorageLevel, None (the default, "
+                              "StorageLevel.MEMORY_AND_DISK) or False (read the data from their source every epoch); "
+                              f"received cache={self.cache!r}")
         set_("batch_size", 32 if self.batch_size is None else check_positive_int("batch_size", self.batch_size))
         set_("validation_batch_size", self.batch_size if self.validation_batch_size is None else
              check_positive_int("validation_batch_size", self.validation_batch_size))

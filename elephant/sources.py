@@ -103,7 +103,9 @@ class Source:
         raise NotImplementedError
 
     def repartitioned(self, num_workers: int) -> Source:
-        """The same data in ``num_workers`` partitions (a DataFrame or an RDD; numpy is split by :meth:`training`)."""
+        """The same data in ``num_workers`` partitions (a DataFrame or an RDD; numpy is split by :meth:`training`):
+        more partitions are coalesced, without a shuffle (each worker's task reads several of them in turn, as
+        one stream), fewer are repartitioned."""
         raise NotImplementedError
 
     def training(self, model, sc, requested: int | None, args, seed: int | None) -> Training:
@@ -188,8 +190,7 @@ class RDDSource(Source):
         return self.x.getNumPartitions()
 
     def repartitioned(self, num_workers: int) -> Source:
-        x = self.x
-        return self if x.getNumPartitions() == num_workers else RDDSource(x.repartition(num_workers))
+        return RDDSource(_partitioned(self.x, self.x.getNumPartitions(), num_workers))
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, **_: Any):
         """Records grouped into blocks, or blocks as they are, in the RDD's own partitions."""
@@ -207,14 +208,21 @@ class DataFrameSource(Source):
         return self.x.sparkSession
 
     def repartitioned(self, num_workers: int) -> Source:
-        x = self.x
-        return self if x.rdd.getNumPartitions() == num_workers else DataFrameSource(x.repartition(num_workers))
+        return DataFrameSource(_partitioned(self.x, self.x.rdd.getNumPartitions(), num_workers))
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, *,
                        features_col: str | Sequence[str] = "features", label_col: str = "label",
                        weight_col: str | None = None, sample_weight: Any = None):
         """Arrow batches of the named columns as blocks, in the DataFrame's own partitions."""
         return A.dataframe_blocks(self.x, features_col, label_col, weight_col)
+
+
+def _partitioned(x, partitions: int, num_workers: int):
+    """An RDD or DataFrame ``x`` of ``partitions`` partitions in ``num_workers``: coalesced where it has more (no
+    shuffle, and the same parent partitions in the same order on every read), repartitioned where it has fewer."""
+    if partitions == num_workers:
+        return x
+    return x.coalesce(num_workers) if partitions > num_workers else x.repartition(num_workers)
 
 
 def source(x: Any, y: Any = None) -> Source:

@@ -250,6 +250,7 @@ class SparkModel:
         label_col: str = "label",
         weight_col: str | None = None,
         shuffle_buffer: int | None = None,
+        cache=None,
     ):
         """Train on Spark; returns a ``keras.callbacks.History``.
 
@@ -283,7 +284,14 @@ class SparkModel:
         as fit in 256 MiB, so a partition that fits is shuffled whole, as one
         permutation); its memory holds the buffer, not the partition. Data
         sorted by label want a buffer that holds the partition, or a shuffle
-        before the fit (docs/data.md).
+        before the fit (docs/data.md). Data that live in Spark are read once
+        and cached on the executors for the fit at ``cache``, a pyspark
+        ``StorageLevel`` (default ``MEMORY_AND_DISK``: what the executors'
+        storage memory cannot hold spills to their disks); ``cache=False``
+        reads them from their source every epoch, which must then give the
+        same rows each time. An RDD or DataFrame with more partitions than
+        workers is coalesced (each worker reads several partitions in turn,
+        without a shuffle); one with fewer is repartitioned.
 
         With a Spark Connect session ``x`` must be a DataFrame: each epoch is
         one barrier stage whose first task hosts the parameter server

@@ -1,7 +1,8 @@
 """The Spark side of a fit in a classic session: cached blocks, a broadcast model, the server on the driver.
 
-The training data become an RDD of numpy blocks cached on the executors (or
-one broadcast per shard for numpy input), the model archive one broadcast,
+The training data become an RDD of numpy blocks cached on the executors,
+memory first and their disks for the rest (``fit(cache=)``), or one broadcast
+per shard for numpy input, the model archive one broadcast,
 and the parameter server runs on the driver host at :func:`elephant.session.ps_host`:
 an unsharded one in the driver's process (its own threads), a sharded one as
 one process per shard (:mod:`elephant.ps.shard_process`; each shard's commits
@@ -40,7 +41,7 @@ SHARDS_IN_PROCESSES = True
 
 
 def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
-    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached and checked.
+    """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached (:func:`cache_level`) and checked.
 
     The RDD's ``elephant_samples`` is the number of training samples,
     ``elephant_partition_samples`` each partition's and ``elephant_row_bytes``
@@ -50,7 +51,9 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
     training = data.training(model, sc, settings.num_workers, args, settings.seed)
     rdd = training.rdd
     if training.samples is None:
-        rdd = rdd.cache()
+        level = cache_level(args.cache)
+        if level is not None:
+            rdd = rdd.persist(level)
         try:
             with session.job_description(rdd.context, "elephant fit: check and cache the training data"):
                 parts = collect_checked(rdd.mapPartitions(lambda blocks: [D.stream_summary(blocks)]).collect)
@@ -60,10 +63,35 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
             raise
         rdd.elephant_partition_samples = tuple(n for n, _, _ in parts)
         rdd.elephant_row_bytes = max(row for _, _, row in parts)
+        size = rdd.elephant_samples * rdd.elephant_row_bytes / 2**20
+        where = "read from their source every epoch" if level is None else f"cached on the executors at {_named(level)}"
+        log.info("training data: %d samples in %d partitions, %.4g MiB, %s", rdd.elephant_samples, len(parts), size,
+                 where)
     else:
         rdd.elephant_samples = training.samples
         rdd.elephant_partition_samples, rdd.elephant_row_bytes = training.partition_samples, training.row_bytes
     return rdd, training.num_workers, training.validation
+
+
+def cache_level(cache):
+    """The storage level a fit's training data are cached at (``fit(cache=)``): MEMORY_AND_DISK where not given,
+    so that partitions the executors' storage memory cannot hold spill to their disks instead of being computed
+    from the source again; None where ``cache`` is False."""
+    if cache is False:
+        return None
+    if cache is None:
+        from pyspark import StorageLevel
+
+        return StorageLevel.MEMORY_AND_DISK
+    return cache
+
+
+def _named(level) -> str:
+    """A storage level's name in pyspark.StorageLevel (MEMORY_AND_DISK...), else how pyspark writes it."""
+    from pyspark import StorageLevel
+
+    return next((name for name in dir(StorageLevel) if name.isupper() and getattr(StorageLevel, name) == level),
+                str(level))
 
 
 def _epoch_job(rdd, spec: TaskSpec, barrier: bool) -> list[dict[str, Any]]:

@@ -184,3 +184,42 @@ def test_evaluate_and_predict_run_their_callbacks_hooks_on_the_driver(spark, dig
     assert seen == ["test_begin", {"loss": loss, "accuracy": accuracy}]
     assert sm.predict(x_test[:10], callbacks=[hooks]).shape == (10, 10)
     assert seen[2:] == ["predict_begin", "predict_end"]
+
+
+def _fit_jobs_stages(spark, sm):
+    """The number of stages of each Spark job the last fit ran (its job group)."""
+    tracker = spark.sparkContext.statusTracker()
+    return [len(tracker.getJobInfo(job).stageIds) for job in sorted(tracker.getJobIdsForGroup(sm.job_group))]
+
+
+def test_more_partitions_than_workers_are_read_in_turn_without_a_shuffle_or_a_cache(spark, digits):
+    from pyspark.ml.linalg import Vectors
+
+    x_train, x_test, y_train, y_test = digits
+    rows = spark.sparkContext.parallelize([(Vectors.dense(f.tolist()), int(label))
+                                           for f, label in zip(x_train, y_train)], 6)
+    df = spark.createDataFrame(rows, ["features", "label"])
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    sm.fit(df, epochs=4, batch_size=32, verbose=0, cache=False)  # read from its 6 partitions every epoch
+    stages = _fit_jobs_stages(spark, sm)
+    assert len(stages) >= 5 and set(stages) == {1}  # the check, the head, the epochs: no shuffle stage
+    assert accuracy(sm.model, x_test, y_test) >= 0.85
+
+
+def test_a_source_that_gives_other_rows_when_read_again_fails_the_fit_by_name(spark, digits, tmp_path):
+    from elephant.errors import FitError
+
+    x_train, _, y_train, _ = digits
+    reads = tmp_path / "reads"
+
+    def growing(index, records):  # every read of a partition gives one row more than the last
+        with open(reads, "a") as f:
+            f.write(".")
+        extra = reads.stat().st_size
+        return iter(list(records) + [(x_train[0], int(y_train[0]))] * extra)
+
+    rdd = spark.sparkContext.parallelize(list(zip(x_train[:400], y_train[:400].astype(int))), 2)
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark, epoch_retries=0)
+    with pytest.raises(FitError, match=r"DataError: partition \d holds (more than )?\d+ rows in epoch 1, but held \d+ when the "
+                                       "fit counted them: its source is not deterministic"):
+        sm.fit(rdd.mapPartitionsWithIndex(growing), epochs=1, batch_size=32, verbose=0, cache=False)

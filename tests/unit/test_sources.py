@@ -25,6 +25,10 @@ class RDD:
         self.calls.append(("repartition", n))
         return RDD(n, self.calls)
 
+    def coalesce(self, n):
+        self.calls.append(("coalesce", n))
+        return RDD(n, self.calls)
+
     def mapPartitions(self, f):
         self.calls.append(("mapPartitions", self.partitions))
         return self
@@ -92,7 +96,8 @@ def test_numpy_is_checked_against_the_model_before_spark():
 
 @pytest.mark.parametrize("requested, partitions, expected_calls", [
     (None, 3, [("mapPartitions", 3)]),                          # the RDD's partitions are the workers
-    (2, 3, [("repartition", 2), ("mapPartitions", 2)]),         # num_workers given: repartitioned once
+    (2, 3, [("coalesce", 2), ("mapPartitions", 2)]),            # fewer workers: partitions joined, no shuffle
+    (4, 3, [("repartition", 4), ("mapPartitions", 4)]),         # more workers: repartitioned once
     (3, 3, [("mapPartitions", 3)]),
 ])
 def test_an_rdd_trains_in_one_partition_per_worker(requested, partitions, expected_calls):

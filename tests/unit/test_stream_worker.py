@@ -177,3 +177,16 @@ def test_skip_and_first_rows_cut_a_stream_across_blocks():
     np.testing.assert_array_equal(np.concatenate([b[0] for b in stream.skip_rows(blocks, 5)]), x[5:])
     np.testing.assert_array_equal(stream.first_rows(blocks, 5)[0], x[:5])
     assert stream.first_rows(blocks, 0) is None and len(stream.first_rows(blocks, 50)[0]) == 10
+
+
+def test_the_training_data_are_cached_memory_first_unless_told():
+    from pyspark import StorageLevel
+
+    from elephant.fit.classic import cache_level
+
+    assert cache_level(None) == StorageLevel.MEMORY_AND_DISK
+    assert cache_level(False) is None and cache_level(StorageLevel.DISK_ONLY) == StorageLevel.DISK_ONLY
+    assert FitArgs(cache=StorageLevel.MEMORY_ONLY).cache == StorageLevel.MEMORY_ONLY
+    with pytest.raises(ConfigError, match=r"`cache` must be a pyspark StorageLevel, None \(the default, "
+                                          r"StorageLevel.MEMORY_AND_DISK\) or False .*received cache='memory'"):
+        FitArgs(cache="memory")
