@@ -303,8 +303,10 @@ class FitArgs(_Fields):
         if not isinstance(self.shuffle, bool):
             raise ConfigError(f"`shuffle` must be True or False; received shuffle={self.shuffle!r}")
         val = self.validation_data
-        if val is not None and not (isinstance(val, (tuple, list)) and len(val) in (2, 3)):
-            raise DataError(f"`validation_data` must be a tuple (x_val, y_val); received {type(val).__name__}")
+        if val is not None and not (isinstance(val, (tuple, list)) and len(val) in (2, 3)) \
+                and type(val).__name__ not in ("RDD", "PipelinedRDD", "DataFrame"):
+            raise DataError("`validation_data` must be a tuple (x_val, y_val[, sample_weight]), an RDD or a DataFrame; "
+                            f"received {type(val).__name__}")
         if self.callbacks is not None and not isinstance(self.callbacks, (list, tuple)):
             raise ConfigError("`callbacks` must be a list of keras.callbacks.Callback; "
                               f"received {type(self.callbacks).__name__}")

@@ -273,7 +273,8 @@ class SparkModel:
         ``validation_data`` (``(x_val, y_val[, val_sample_weight])``) or
         ``validation_split`` (numpy only; the split keeps its sample weights) is evaluated
         on the driver's copy of the model after every ``validation_freq``-th
-        epoch (an int, or a list of 1-based epoch numbers), in batches of
+        epoch (a DataFrame or an RDD as ``validation_data`` is evaluated on
+        Spark instead, read with the fit's column names) (an int, or a list of 1-based epoch numbers), in batches of
         ``validation_batch_size`` (default ``batch_size``). ``initial_epoch``
         starts the epoch count there, as when resuming a run (epochs
         ``initial_epoch`` to ``epochs - 1`` are trained, and History and the

@@ -33,7 +33,7 @@ from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warn
                                    task_devices, validates_after)
 from elephant.fit.report import FitReport
 from elephant.fit.runner import SparkSide
-from elephant.fit.validation import Validation
+from elephant.fit.validation import SparkValidation, Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.local import inner_optimizer, settable_rate
 from elephant.sources import Source, source
@@ -64,12 +64,15 @@ def check_inputs(model, data: Source, args: FitArgs) -> FitArgs:
     sample_weight = data.checked_weights(model, sample_weight, class_weight)
     if args.validation_data is not None:
         if args.validation_split:
-            raise ConfigError(
-                "pass either `validation_data` or `validation_split`, not both; received "
-                f"validation_split={args.validation_split!r} and validation_data of {len(args.validation_data)} items"
-            )
-        D.check_validation_data(model, args.validation_data)
+            raise ConfigError("pass either `validation_data` or `validation_split`, not both; received "
+                              f"validation_split={args.validation_split!r} and validation_data")
+        if not _in_spark(args.validation_data):  # Spark data are checked in their tasks
+            D.check_validation_data(model, args.validation_data)
     return dataclasses.replace(args, class_weight=class_weight, sample_weight=sample_weight)
+
+
+def _in_spark(data) -> bool:
+    return D.is_rdd(data) or D.is_dataframe(data)
 
 
 def fit_session(data: Source, spark):
@@ -99,11 +102,14 @@ def run_fit(model, settings: Settings, args: FitArgs, x, y, *, spark: Callable[[
     if connect is not None:  # a Spark Connect client: the server is hosted by a task
         from elephant.fit.connect import HostedRun
 
+        fit_spark = connect
         runner: SparkSide = HostedRun(model, settings, connect, data, args)
     else:
-        runner = ClassicRun(model, settings, spark(), data, args, report.job_group)
+        fit_spark = spark()
+        runner = ClassicRun(model, settings, fit_spark, data, args, report.job_group)
     try:
-        return _train(model, settings, args, runner, custom_objects or {}, report)
+        validate = _validation(model, args, runner, fit_spark, custom_objects)
+        return _train(model, settings, args, runner, custom_objects or {}, report, validate)
     finally:
         runner.close()
 
@@ -186,10 +192,22 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
     return rechecked
 
 
-def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_objects, report: FitReport):
+def _validation(model, args: FitArgs, runner: SparkSide, spark, custom_objects) -> Validation | SparkValidation | None:
+    """The fit's validation pass: on Spark for a DataFrame or an RDD, else on the driver (numpy ``validation_data``
+    or the ``validation_split`` the runner held out); None without validation data."""
+    given = args.validation_data
+    if given is not None and _in_spark(given):
+        return SparkValidation(model, given, args.validation_batch_size, spark, args, custom_objects)
+    val = tuple(given) if given is not None else runner.val
+    if val is None:
+        return None
+    return Validation(model, val, args.validation_batch_size, framework.current_backend())
+
+
+def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_objects, report: FitReport,
+           validate: Validation | SparkValidation | None):
     """The epochs of a fit whose data ``runner`` holds: server, callbacks, validation, backups."""
     mode, epochs, samples = settings.mode, args.epochs, runner.samples
-    val = tuple(args.validation_data) if args.validation_data is not None else runner.val
     barrier = runner.barrier(mode)
     backend = framework.current_backend()
     plan = _start(model, settings, args, runner, backend)
@@ -232,7 +250,6 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
 
         callbacks = in_callback_order(args.callbacks, backup, write_backup)
     cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
-    validate = Validation(model, val, args.validation_batch_size, backend) if val is not None else None
     model.stop_training = False
     try:
         model_bytes, urls = runner.open(store, token, report.job_group, model_to_bytes(model))

@@ -31,7 +31,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Validation", "epoch_iterator_class", "warms_up"]
+__all__ = ["SparkValidation", "Validation", "epoch_iterator_class", "warms_up"]
 
 #: Each backend's epoch iterator in Keras 3: module, class, whether it takes the model's distribution strategy.
 _ITERATORS = {
@@ -143,4 +143,33 @@ class Validation:
                                       verbose=0, return_dict=True, _use_cached_eval_dataset=True)
             finally:
                 model._eval_epoch_iterator = previous
+        return {k: float(v) for k, v in logs.items()}
+
+
+class SparkValidation:
+    """The validation pass of a fit whose ``validation_data`` is a DataFrame or an RDD: the driver's model
+    evaluated on Spark after the epoch (:func:`elephant.inference.evaluate`, one job, each task streaming its
+    partition's blocks), with the fit's column names and ``validation_batch_size``.
+
+    Its interface is :class:`Validation`'s: ``warm_up`` and ``close`` have nothing to do (the pass runs on
+    executors, which the epoch's job keeps busy).
+    """
+
+    def __init__(self, model, data, batch_size: int | None, spark, args, custom_objects=None):
+        self.model, self.data, self.batch_size, self.spark = model, data, batch_size, spark
+        self.columns = {"features_col": args.features_col, "label_col": args.label_col, "weight_col": args.weight_col}
+        self.custom_objects = custom_objects
+
+    def warm_up(self) -> None:
+        """Nothing to warm: the pass runs on the executors."""
+
+    def close(self) -> None:
+        """Nothing runs between passes."""
+
+    def __call__(self) -> dict[str, float]:
+        """The validation logs of the model's weights now, as ``SparkModel.evaluate(..., return_dict=True)``."""
+        from elephant.inference import evaluate
+
+        logs = evaluate(self.model, self.data, None, self.batch_size, return_dict=True, num_workers=None,
+                        spark=self.spark, custom_objects=self.custom_objects, **self.columns)
         return {k: float(v) for k, v in logs.items()}

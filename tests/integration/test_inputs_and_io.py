@@ -223,3 +223,22 @@ def test_a_source_that_gives_other_rows_when_read_again_fails_the_fit_by_name(sp
     with pytest.raises(FitError, match=r"DataError: partition \d holds (more than )?\d+ rows in epoch 1, but held \d+ when the "
                                        "fit counted them: its source is not deterministic"):
         sm.fit(rdd.mapPartitionsWithIndex(growing), epochs=1, batch_size=32, verbose=0, cache=False)
+
+
+def test_validation_data_in_spark_is_evaluated_on_spark_after_each_epoch(spark, digits):
+    from pyspark.ml.linalg import Vectors
+
+    x_train, x_test, y_train, y_test = digits
+    train = spark.createDataFrame([(Vectors.dense(f.tolist()), int(label)) for f, label in zip(x_train, y_train)],
+                                  ["features", "label"])
+    val = spark.createDataFrame([(f.tolist(), int(label)) for f, label in zip(x_test, y_test)], ["features", "label"])
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    history = sm.fit(train, validation_data=val, epochs=2, batch_size=32, verbose=0)
+    assert len(history.history["val_accuracy"]) == 2 and len(history.history["val_loss"]) == 2
+    assert history.history["val_accuracy"][-1] == pytest.approx(accuracy(sm.model, x_test, y_test), abs=1e-6)
+    local = sm.model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    assert history.history["val_loss"][-1] == pytest.approx(local["loss"], rel=1e-4)
+
+    records = spark.sparkContext.parallelize(list(zip(x_test, y_test.astype(np.int64))), 3)
+    history = sm.fit(x_train, y_train, validation_data=records, epochs=1, batch_size=32, verbose=0)
+    assert history.history["val_accuracy"][-1] == pytest.approx(accuracy(sm.model, x_test, y_test), abs=1e-6)
