@@ -271,7 +271,8 @@ def evaluate(model, x, y, batch_size, *, return_dict, num_workers, spark, custom
 
 
 def _evaluate_arrow(df, task, features_col, label_col, weight_col) -> list[tuple]:
-    """``task`` over each partition's block, through ``mapInArrow`` (no RDD: works under Spark Connect)."""
+    """``task`` over each partition's blocks, one per Arrow batch, through ``mapInArrow`` (no RDD: works under
+    Spark Connect)."""
     import json
 
     read = A.arrow_block_reader(features_col, label_col, weight_col)
@@ -279,7 +280,7 @@ def _evaluate_arrow(df, task, features_col, label_col, weight_col) -> list[tuple
     def parts(batches):
         import pyarrow as pa
 
-        out = task(D.concat_blocks(read(batch) for batch in batches if batch.num_rows))
+        out = task(read(batch) for batch in batches if batch.num_rows)  # block by block, as it streams
         yield pa.RecordBatch.from_arrays([pa.array([json.dumps(out)])], ["parts"])
 
     rows = A.selected_dataframe(df, features_col, label_col, weight_col).mapInArrow(parts, "parts string").collect()
