@@ -1,7 +1,9 @@
 """Epoch checkpoints that let a fit resume after the driver died: ``keras.callbacks.BackupAndRestore``, atomically.
 
 When ``SparkModel.fit`` is given a ``BackupAndRestore(backup_dir)``, elephant
-does its work itself: at the end of every epoch it writes one file,
+does its work itself: at the end of every epoch (and, with ``save_freq=N``,
+every ``N`` global steps inside one, with each partition's position in its
+pass) it writes one file,
 ``backup_dir/elephant-backup.safetensors``, holding the center weights, the
 driver's Keras optimizer variables (the learning rate a callback set, the
 step count), the distributed rule's server state, the number of epochs done
@@ -44,7 +46,7 @@ _FORMAT = "elephant-backup/1"
 
 @dataclasses.dataclass
 class Checkpoint:
-    """A fit's state at the end of an epoch."""
+    """A fit's state at the end of an epoch, or inside one (``positions``)."""
 
     epochs_done: int
     center: list[np.ndarray]
@@ -53,6 +55,10 @@ class Checkpoint:
     rule: dict[str, Any]  # the rule's config and the number of workers it was initialised for
     history: dict[str, list[float]]
     state_saved: bool = True  # False: the rule's state could not be encoded; it starts afresh on resume
+    #: Inside epoch ``epochs_done``: each partition's local steps applied to ``center`` after the driver's head of
+    #: ``head_steps`` steps (None: saved at an epoch's end).
+    positions: dict[int, int] | None = None
+    head_steps: int = 0
 
 
 def find_backup(callbacks) -> tuple[Any, list]:
@@ -99,6 +105,8 @@ def save(backup_dir: str, checkpoint: Checkpoint) -> None:
         "rule_state": json.dumps(structure),
         "state_saved": json.dumps(state_saved),
         "history": json.dumps(checkpoint.history),
+        "positions": json.dumps(checkpoint.positions),
+        "head_steps": str(checkpoint.head_steps),
     }
     os.makedirs(backup_dir, exist_ok=True)
     final = path(backup_dir)
@@ -150,7 +158,13 @@ def load(backup_dir: str, rule_module: str = "elephant.optimizers") -> Checkpoin
         rule=json.loads(meta["rule"]),
         history=json.loads(meta["history"]),
         state_saved=state_saved,
+        positions=_positions(json.loads(meta.get("positions", "null"))),
+        head_steps=int(meta.get("head_steps", "0")),
     )
+
+
+def _positions(saved: dict[str, int] | None) -> dict[int, int] | None:
+    return None if saved is None else {int(k): int(v) for k, v in saved.items()}
 
 
 def remove(backup_dir: str) -> None:

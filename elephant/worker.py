@@ -81,6 +81,7 @@ class TaskSpec:
     skip_steps: int = 0  # the pass's first batches, which the driver's head trained (elephant.fit.head)
     shuffle_buffer: int | None = None  # samples of each task's shuffle buffer (None: its whole partition)
     partition_samples: tuple[int, ...] = ()  # each partition's rows, counted on the driver (empty: counted here)
+    resume_steps: tuple[int, ...] = ()  # each partition's steps of this pass a resumed fit trained before (after the head)
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -123,6 +124,21 @@ def train_at_rate(optimizer, rate: float | None, scale: float = 1.0) -> None:
     if scale == 1.0 or current is None or isinstance(current, _ScaledRate):
         return
     inner.learning_rate = _ScaledRate(current, scale, inner.iterations)
+
+
+def committed_steps(window: int | None, warmup_window: int | None, commits: int, pass_steps: int) -> int:
+    """The local steps of a pass of ``pass_steps`` steps its first ``commits`` commits carried, as :class:`_Window`
+    sends them: every ``warmup_window`` steps through the first :data:`~elephant.optimizers.local.RAMP_STEPS`, then
+    every ``window`` (None: one commit at the pass's end), the last commit with what is left."""
+    steps = since = 0
+    done = 0
+    while done < commits and steps < pass_steps:
+        steps += 1
+        since += 1
+        now = warmup_window if warmup_window is not None and steps <= RAMP_STEPS else window
+        if now is not None and since >= now:
+            done, since = done + 1, 0
+    return pass_steps if done < commits else steps
 
 
 def _current_rate(optimizer) -> float:
@@ -255,12 +271,18 @@ class _Window:
         self._inflight = None
 
 
+#: The longest a ``kind=wait`` fault holds its task.
+WAIT_S = 120.0
+
+
 def inject_fault(fault: str, partition: int, step: int) -> None:
     """Fault injection for reliability tests.
 
-    ``fault`` is ``"partition=P,step=S,kind=raise|exit,marker=PATH"``: the first
-    time partition ``P`` reaches local step ``S`` the task fails. The marker file
-    makes the fault fire once per fit even though Spark's attempt numbers reset.
+    ``fault`` is ``"partition=P,step=S,kind=raise|exit|wait,marker=PATH"``: the first
+    time partition ``P`` reaches local step ``S`` the task fails (``wait``: stops
+    there until the file ``release=PATH`` exists, or for ``WAIT_S`` at most, as a
+    task on a stalled executor would). The marker file makes the fault fire once
+    per fit even though Spark's attempt numbers reset.
     """
     fields = dict(item.split("=", 1) for item in fault.split(",") if "=" in item)
     if int(fields.get("partition", -1)) != partition or int(fields.get("step", -1)) != step:
@@ -272,8 +294,14 @@ def inject_fault(fault: str, partition: int, step: int) -> None:
                 pass
         except FileExistsError:
             return
-    if fields.get("kind", "raise") == "exit":
+    kind = fields.get("kind", "raise")
+    if kind == "exit":
         os._exit(13)
+    if kind == "wait":
+        deadline = time.monotonic() + WAIT_S
+        while not os.path.exists(fields.get("release", "")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
     raise RuntimeError(f"injected fault in partition {partition} at step {step}")
 
 
@@ -348,14 +376,19 @@ def pass_blocks(blocks: Iterable[tuple], key: str | None, epoch: int, partition:
 
 def task_blocks(spec: TaskSpec, partition: int, blocks: Iterable[tuple], n: int) -> Iterator[tuple]:
     """The rows a partition of ``n`` rows trains this epoch, in order: the epoch's :func:`pass_blocks` without the
-    ``spec.skip_steps`` batches the driver's head trained.
+    ``spec.skip_steps`` batches the driver's head trained and those a resumed fit trained before it stopped.
 
     Raises (while it is read):
         DataError: the partition holds other than ``n`` rows (its source gave other rows than when it was counted).
     """
     key = (spec.shuffle_key or spec.run) if spec.shuffle else None
     rows = pass_blocks(_exactly(blocks, n, partition, spec.epoch), key, spec.epoch, partition, spec.shuffle_buffer)
-    return skip_rows(rows, spec.skip_steps * spec.batch_size)
+    return skip_rows(rows, (spec.skip_steps + resumed_steps(spec, partition)) * spec.batch_size)
+
+
+def resumed_steps(spec: TaskSpec, partition: int) -> int:
+    """The steps of this pass a resumed fit trained before it stopped (``spec.resume_steps``; 0 for a new pass)."""
+    return spec.resume_steps[partition] if partition < len(spec.resume_steps) else 0
 
 
 def _exactly(blocks: Iterable[tuple], n: int, partition: int, epoch: int) -> Iterator[tuple]:
@@ -437,14 +470,16 @@ def run_partition(
         blocks = list(D.checked_blocks(blocks))
         n = sum(D.num_samples(b[0]) for b in blocks)
     base = {"partition": partition, "attempt": attempt, "samples": n, "steps": 0, "commits": 0, "device": device}
-    trained = max(0, n - spec.skip_steps * spec.batch_size)  # the rows after the driver's head
+    done = resumed_steps(spec, partition)
+    trained = max(0, n - (spec.skip_steps + done) * spec.batch_size)  # the rows after the head and a resumed fit
     if trained == 0:
         client.finish(spec.commit_run, spec.epoch, partition, attempt)
         return [base]
     rows = task_blocks(spec, partition, blocks, n)  # seeded: a retried task replays its attempt's rows, in order
     model, optimizer_state = training_replica(spec, partition)
     train_at_rate(model.optimizer, spec.learning_rate, spec.learning_rate_scale)
-    rates = pass_rates(spec, trained)
+    rates = pass_rates(spec, n - spec.skip_steps * spec.batch_size)
+    rates = rates[done:] if rates is not None else None  # a resumed pass goes on at its steps' rates
     rate = _current_rate(model.optimizer) if rates is None else rates[0]  # at the pass's first step
     t_ready = time.perf_counter()
     window = _Window(model, client, spec, partition, attempt, trained)

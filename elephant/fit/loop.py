@@ -25,7 +25,7 @@ from elephant import data as D
 from elephant import framework, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
-from elephant.fit.backup import in_callback_order, resume_from_backup, save_backup
+from elephant.fit.backup import MidEpochBackup, in_callback_order, resume_from_backup, save_backup, save_inside
 from elephant.fit.epoch import run_epoch
 from elephant.fit.head import HeldState, train_head
 from elephant.fit.plan import FitPlan, plan_fit
@@ -192,6 +192,28 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
     return rechecked
 
 
+def _inside_epochs(backup, shards: int, hosted: bool) -> int | None:
+    """The global batches between a fit's backups inside an epoch (``BackupAndRestore(save_freq=N)``), None where
+    it saves at epochs' ends only (``save_freq="epoch"``, or a server that is sharded or hosted by the tasks, whose
+    state no one snapshot holds: logged)."""
+    every = getattr(backup, "save_freq", "epoch") if backup is not None else "epoch"
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        return None
+    if shards > 1 or hosted:
+        where = "sharded" if shards > 1 else "hosted by the epoch's tasks"
+        log.warning("BackupAndRestore(save_freq=%d) saves at the end of each epoch only: the parameter server is %s, "
+                    "and no one snapshot holds its state inside an epoch (docs/reliability.md)", every, where)
+        return None
+    return every
+
+
+def _resumed(resume, num_workers: int) -> tuple[int, ...]:
+    """Each partition's steps of the resumed epoch trained before the fit stopped (empty: a new epoch)."""
+    if resume.positions is None:
+        return ()
+    return tuple(resume.positions.get(k, 0) for k in range(num_workers))
+
+
 def _validation(model, args: FitArgs, runner: SparkSide, spark, custom_objects) -> Validation | SparkValidation | None:
     """The fit's validation pass: on Spark for a DataFrame or an RDD, else on the driver (numpy ``validation_data``
     or the ``validation_split`` the runner held out); None without validation data."""
@@ -220,10 +242,13 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     token = secrets.token_urlsafe(32)
     backup, callbacks = checkpoint.find_backup(args.callbacks)
     shards = plan.ps_shards
-    initial_epoch, rule_state, past = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch,
-                                                         shards)
+    resume = resume_from_backup(model, mode, backup, rule, num_workers, args.initial_epoch, shards)
+    initial_epoch, rule_state, past = resume.initial_epoch, resume.rule_state, resume.history
+    if resume.positions is not None:
+        report.plan["resumed_steps"] = dict(resume.positions)
     key = shuffle_key(settings.seed, model.get_weights())
-    head = plan.head_steps if initial_epoch == args.initial_epoch else 0  # none in a resumed fit (nor a ramp)
+    # none in a resumed fit (nor a ramp); one resumed inside its first epoch skips the head it had trained
+    head = plan.head_steps if initial_epoch == args.initial_epoch and resume.positions is None else 0
     held = HeldState(model) if head else None  # given back if the fit fails before its first epoch ends
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
@@ -249,6 +274,7 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
             save_backup(model, mode, backup, store, rule, num_workers, epoch + 1, past, shards)
 
         callbacks = in_callback_order(args.callbacks, backup, write_backup)
+    inside = _inside_epochs(backup, shards, runner.hosted)  # save_freq=N: the global batches between saves
     cbks, history = callback_list(model, callbacks, epochs, args.verbose, steps)
     model.stop_training = False
     try:
@@ -279,12 +305,22 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 shuffle_key=key, learning_rate_scale=plan.learning_rate_scale,
                 learning_rate_warmup=plan.learning_rate_warmup and epoch == args.initial_epoch,
                 warmup_window=plan.warmup_window if epoch == args.initial_epoch else None,  # set where the rate ramps
-                skip_steps=head if epoch == initial_epoch else 0,
+                skip_steps=(head or resume.head_steps) if epoch == initial_epoch else 0,
+                resume_steps=_resumed(resume, num_workers) if epoch == initial_epoch else (),
                 local_moment=plan.local_moment, local_momentum=plan.local_momentum, shuffle_buffer=buffer,
                 partition_samples=runner.partition_samples, **sharded,
             )
-            head_samples = spec.skip_steps * args.batch_size  # trained by the driver's head, before the job
+            # trained by the driver's head, before the job, and by a resumed fit before it stopped
+            head_samples = spec.skip_steps * args.batch_size + sum(spec.resume_steps) * spec.batch_size
             progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples).start()
+            saver = None
+            if inside:
+                def write_inside(snapshot, positions, epoch=epoch, skip=spec.skip_steps):
+                    save_inside(model, mode, backup, snapshot, rule, num_workers, epoch, past, positions, skip)
+
+                pass_steps = [max(0, -(-(n - spec.skip_steps * spec.batch_size) // spec.batch_size))
+                              for n in runner.partition_samples]
+                saver = MidEpochBackup(store, inside * args.batch_size, write_inside, spec, pass_steps).start()
             if validate is not None and validates_after(epoch, args.validation_freq):
                 validate.warm_up()  # the first pass's set-up, while the driver waits for the job
             try:
@@ -293,6 +329,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                                         settings=settings, model=model, interrupted=interrupted)
             finally:
                 progress.stop()
+                if saver is not None:
+                    saver.stop()
                 if validate is not None:
                     validate.close()  # a warm-up pass reads the weights that set_weights replaces
             logs = aggregate_logs(results)

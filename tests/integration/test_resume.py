@@ -150,3 +150,52 @@ def _processes_of(marker):
         if marker in cmdline or "elephant-resume-test" in cmdline:
             out.append(int(pid))
     return out
+
+
+def test_a_fit_stopped_inside_its_epoch_resumes_after_the_steps_its_last_save_holds(spark, digits, tmp_path,
+                                                                                    monkeypatch):
+    """BackupAndRestore(save_freq=N) inside a one-epoch fit: Ctrl-C once a save inside the epoch holds steps of both
+    partitions (partition 1 held at its step 12 meanwhile); the next fit goes on after those steps, none twice."""
+    import threading
+
+    import keras
+
+    from elephant import data as D
+
+    from .test_failures import _send_ctrl_c_when
+
+    x_train, x_test, y_train, y_test = digits
+    backup_dir, release = str(tmp_path / "backup"), tmp_path / "release"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=12,kind=wait,marker={tmp_path / 'held'},release={release}")
+
+    def saved_inside():
+        saved = checkpoint.load(backup_dir)  # written by atomic renames: never a torn file
+        return saved is not None and saved.positions is not None and min(saved.positions.values()) >= 8
+
+    stop = threading.Event()
+    sent = _send_ctrl_c_when(saved_inside, stop)
+    sm = SparkModel(digits_model(), mode="asynchronous", frequency=4, num_workers=2, spark=spark)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0,
+                   callbacks=[keras.callbacks.BackupAndRestore(backup_dir, save_freq=2)])
+    finally:
+        stop.set()
+        release.touch()
+    assert sent.is_set()
+    saved = checkpoint.load(backup_dir)
+    assert saved.epochs_done == 0 and saved.positions[1] <= 12  # partition 1 never passed its step 12
+
+    monkeypatch.delenv("ELEPHANT_FAULT")
+    resumed = SparkModel(digits_model(seed=5), mode="asynchronous", frequency=4, num_workers=2, spark=spark)
+    history = resumed.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0,
+                          callbacks=[keras.callbacks.BackupAndRestore(backup_dir, save_freq=2)])
+    assert history.epoch == [0] and resumed.fit_plan["resumed_steps"] == saved.positions
+    batch, head = resumed.fit_plan["worker_batch_size"], saved.head_steps
+    sizes = [len(block[0]) for block in D.split_numpy(x_train, y_train, 2, seed=0)]
+    left = sum(max(0, n - (head + saved.positions[k]) * batch) for k, n in enumerate(sizes))
+    assert 0 < left < len(x_train) and resumed.last_metrics["samples_applied"] == left  # each step once
+    assert not os.path.exists(backup_dir)
+    whole = SparkModel(digits_model(), mode="asynchronous", frequency=4, num_workers=2, spark=spark)
+    whole.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the same fit, not stopped
+    assert accuracy(resumed.model, x_test, y_test) >= accuracy(whole.model, x_test, y_test) - 0.1

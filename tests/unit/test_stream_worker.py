@@ -190,3 +190,83 @@ def test_the_training_data_are_cached_memory_first_unless_told():
     with pytest.raises(ConfigError, match=r"`cache` must be a pyspark StorageLevel, None \(the default, "
                                           r"StorageLevel.MEMORY_AND_DISK\) or False .*received cache='memory'"):
         FitArgs(cache="memory")
+
+
+@pytest.mark.parametrize("window, warmup", [(2, None), (3, 1), (None, None), (5, 2)])
+def test_committed_steps_follow_the_windows_a_task_commits(window, warmup):
+    x, y = _data(50)
+    spec, client = _task("windows", skip_steps=0, shuffle=False, partition_samples=(50,))
+    spec = dataclasses.replace(spec, window=window, warmup_window=warmup)
+    worker.run_partition(spec, 0, 1, [(x, y)], client)
+    carried = np.cumsum([c[1] for c in client.commits])  # each commit's steps, as the task sent them
+    for c, steps in enumerate(carried, start=1):
+        assert worker.committed_steps(window, warmup, c, 13) == steps
+    assert worker.committed_steps(window, warmup, 0, 13) == 0 and carried[-1] == 13
+
+
+def test_a_resumed_task_trains_the_rest_of_its_pass_in_order(monkeypatch):
+    x, y = _data(40)
+    order = worker.pass_order("key", 0, 1, 40)
+    trained = _trained(monkeypatch)
+    spec, client = _task("resumed", shuffle_key="key", skip_steps=2, resume_steps=(0, 3), partition_samples=(0, 40))
+    (stats,) = worker.run_partition(spec, 1, 1, [(x, y)], client)
+    np.testing.assert_array_equal(np.concatenate(trained), x[order[(2 + 3) * 4:]])
+    assert stats["steps"] == 5 and worker.resumed_steps(spec, 0) == 0
+
+
+def test_positions_count_each_partitions_applied_commits_of_the_epoch():
+    from elephant.fit.backup import step_positions
+    from elephant.protocol import CommitKey
+
+    spec, _ = _task("pos", skip_steps=0, resume_steps=(0, 4))
+    spec = dataclasses.replace(spec, window=3, warmup_window=None, epoch=2)
+    entries = [(CommitKey("pos", 2, 0, 0), 1), (CommitKey("pos", 2, 1, 0), 1), (CommitKey("pos", 1, 1, 5), 1),
+               (CommitKey("retry", 2, 0, 1), 2)]  # another epoch's commit is not counted; a retried try's is
+    assert step_positions(entries, spec, [10, 10]) == {0: 6, 1: 4 + 3}
+    assert step_positions([], spec, [10, 10]) == {0: 0, 1: 4}
+
+
+def test_a_save_inside_an_epoch_round_trips_with_its_positions(tmp_path):
+    from elephant import checkpoint
+
+    saved = checkpoint.Checkpoint(epochs_done=3, center=[np.ones(2)], optimizer_variables=[], rule_state=None,
+                                  rule={"name": "x"}, history={}, positions={0: 5, 1: 7}, head_steps=2)
+    checkpoint.save(str(tmp_path), saved)
+    loaded = checkpoint.load(str(tmp_path))
+    assert loaded.positions == {0: 5, 1: 7} and loaded.head_steps == 2 and loaded.epochs_done == 3
+    checkpoint.save(str(tmp_path), dataclasses.replace(saved, positions=None, head_steps=0))
+    assert checkpoint.load(str(tmp_path)).positions is None  # saved at an epoch's end
+
+
+def test_a_mid_epoch_backup_saves_a_center_and_positions_that_agree():
+    from elephant import optimizers as O
+    from elephant.fit.backup import MidEpochBackup
+    from elephant.protocol import Commit, CommitKey
+    from elephant.ps.store import Store
+
+    store = Store([np.zeros(2)], O.Downpour(), "asynchronous", 2, "mid")
+    spec, _ = _task("mid", skip_steps=0)
+    spec = dataclasses.replace(spec, window=2, warmup_window=None)
+    written = []
+    saver = MidEpochBackup(store, 8, lambda snapshot, positions: written.append((snapshot, positions)), spec, [5, 5])
+    store.commit(CommitKey("mid", 0, 1, 0), 1, Commit([np.ones(2)], 2, 8, 0))
+    saver.save()
+    store.commit(CommitKey("mid", 0, 1, 1), 1, Commit([np.ones(2)], 2, 8, 1))
+    (snapshot, positions), = written
+    np.testing.assert_array_equal(snapshot.center[0], np.ones(2))  # the center as the first commit left it
+    assert positions == {0: 0, 1: 2}
+    saver.start()
+    saver.stop()  # stops its thread at once
+
+
+def test_saves_inside_an_epoch_need_one_store_on_the_driver(caplog):
+    import keras
+
+    from elephant.fit.loop import _inside_epochs
+
+    backup = keras.callbacks.BackupAndRestore("unused", save_freq=5)
+    assert _inside_epochs(backup, 1, False) == 5 and _inside_epochs(None, 1, False) is None
+    assert _inside_epochs(keras.callbacks.BackupAndRestore("unused"), 1, False) is None  # save_freq="epoch"
+    with caplog.at_level("WARNING", logger="elephant.fit.loop"):
+        assert _inside_epochs(backup, 2, False) is None
+    assert "saves at the end of each epoch only: the parameter server is sharded" in caplog.text
