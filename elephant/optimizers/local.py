@@ -221,7 +221,7 @@ def asynchrony_lag(window: int, num_workers: int) -> float:
 
 
 #: Accuracy's bound on an asynchronous fit's decided windows where its workers train at a scaled rate (applied by
-#: :func:`elephant.fit.plan.window_cap`, down to its ``ROUND_MIN_WINDOW``): the windows keep each worker's
+#: :func:`elephant.fit.window.window_cap`, down to its ``ROUND_MIN_WINDOW``): the windows keep each worker's
 #: :func:`asynchrony_lag` within this many steps, 24 at 2 workers, 16 at 4, 13 at 8 (the round bound's 32 and 16
 #: lagged 12 and 7 steps). A worker that starts its window further behind the center trains its first epoch further
 #: behind plain Keras; the bound took most of that back at 2 to 8 workers (docs/convergence.md, "Asynchronous windows

@@ -12,7 +12,7 @@ import pytest
 
 from elephant import SparkModel
 
-from elephant.fit.plan import WARMUP_ROUND_STEPS
+from elephant.fit.window import WARMUP_ROUND_STEPS
 from elephant.optimizers.local import asynchrony_lag, lag_window
 
 from .helpers import accuracy, digits_model, plain_keras_accuracy

@@ -7,9 +7,10 @@ import pytest
 
 from elephant.config import Settings
 from elephant.errors import ConfigError
-from elephant.fit.plan import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, WARMUP_ROUND_STEPS,
-                               FitPlan, WindowChoice, decide_window, decide_workers, estimate_commit_ms,
-                               estimate_step_ms, measured_costs, plan_fit, round_least, warmup_window)
+from elephant.fit.plan import FitPlan, decide_workers, plan_fit
+from elephant.fit.window import (MAX_WINDOW, MIN_SYNCS_PER_PASS, ROUND_MIN_WINDOW, ROUND_STEPS, WARMUP_ROUND_STEPS,
+                                 WindowChoice, decide_window, estimate_commit_ms, estimate_step_ms, measured_costs,
+                                 round_least, warmup_window)
 from elephant.optimizers import Compressed, ModelAveraging
 from elephant.optimizers.local import MAX_ASYNC_LAG, asynchrony_lag, lag_window
 from tests.unit.helpers import check_points_to_the_figures

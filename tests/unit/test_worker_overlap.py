@@ -239,7 +239,7 @@ def test_a_synchronous_worker_trains_on_until_the_round_closes_then_merges():
 
 
 def test_overlap_is_warned_about_where_the_benchmark_measured_a_loss():
-    from elephant.fit.plan import overlap_warning
+    from elephant.fit.start_warnings import overlap_warning
 
     assert overlap_warning(False, "synchronous", 8, 4) is None
     assert overlap_warning(True, "synchronous", 8, 2) is None  # within a point at 2 workers
