@@ -16,7 +16,7 @@ one driver host. Each epoch is one barrier stage, one task per worker:
    classic task trains against the driver's server;
 4. each hosting task waits until every partition has finished the epoch on its
    store, stops its server and returns the store's
-   :class:`~elephant.ps.store.Outcome` with its shard index
+   :class:`~elephant.ps.snapshots.Outcome` with its shard index
    (:func:`encode_result`: a JSON header and raw arrays, no pickle), and
    :func:`absorb_results` hands each shard of the driver's store its own.
 
@@ -195,7 +195,7 @@ def encode_result(stats: list[dict], served) -> bytes:
 
 def decode_result(data: bytes, rule_module: str) -> tuple[list[dict], Any]:
     """``(stats, (shard, Outcome) or None)`` of :func:`encode_result`."""
-    from elephant.ps.store import Outcome
+    from elephant.ps.snapshots import Outcome
     from elephant.protocol import CommitKey
 
     size = int.from_bytes(data[:4], "little")

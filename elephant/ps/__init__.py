@@ -7,8 +7,10 @@ Layers, bottom up (each importable without the ones above it):
   :mod:`~elephant.ps.decoding`;
 * :mod:`elephant.ps.store` -- center weights, clock, idempotency, rounds (no HTTP), composed of
   :mod:`~elephant.ps.rounds`, :mod:`~elephant.ps.ledger` (applied commits, fences),
-  :mod:`~elephant.ps.guard` (the norm guard), :mod:`~elephant.ps.metrics` (counters) and
-  :mod:`~elephant.ps.checks` (the checks of a request, a commit and a rule's result);
+  :mod:`~elephant.ps.guard` (the norm guard), :mod:`~elephant.ps.metrics` (counters),
+  :mod:`~elephant.ps.waits` (the requests' waits), :mod:`~elephant.ps.view` (the workers' view
+  of the center under compressed replies), :mod:`~elephant.ps.snapshots` (``Snapshot`` and
+  ``Outcome``) and :mod:`~elephant.ps.checks` (the checks of a request, a commit and a rule's result);
 * :mod:`elephant.ps.app` -- Flask app factory, thin authenticated routes;
 * :mod:`elephant.ps.gate` -- one selector thread that reads request heads and checks the token;
 * :mod:`elephant.ps.http` -- a bounded pool of keep-alive handlers behind the gate;

@@ -1,4 +1,4 @@
-"""A store's checks of what crosses it: request integers, a commit's structure, a server rule's result (no HTTP).
+"""A store's checks of what crosses it: its arguments, request integers, a commit, a server rule's result (no HTTP).
 
 Pure functions for :class:`~elephant.ps.store.Store`: none takes a lock or
 counts. A commit is checked against the structure of the store's commits (the
@@ -10,17 +10,36 @@ them without copying.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from elephant.errors import ElephantError, PSError, ProtocolError
+from elephant.errors import ConfigError, ElephantError, PSError, ProtocolError
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.protocol import Commit, CommitKey
+from elephant.optimizers.compress import check_reply_mode
+from elephant.protocol import MODES, Commit, CommitKey
 from elephant.ps.layout import all_finite
 
-__all__ = ["check_commit", "check_partition", "commit_what", "freeze", "int_arg", "run_rule"]
+__all__ = ["check_base_clock", "check_commit", "check_partition", "check_ratio", "check_store_args", "commit_what",
+           "freeze", "int_arg", "run_rule"]
+
+
+def check_store_args(optimizer: DistributedOptimizer, mode: str, num_workers: int, run: str,
+                     round_timeout: float) -> None:
+    """Raise :class:`ConfigError` unless a :class:`~elephant.ps.store.Store`'s arguments are valid."""
+    if mode not in MODES:
+        raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
+    if mode not in optimizer.modes:
+        raise ConfigError(f"{type(optimizer).__name__} supports modes {optimizer.modes}; received mode={mode!r}")
+    check_reply_mode(optimizer, mode)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"`num_workers` must be a positive int; received num_workers={num_workers!r}")
+    if not isinstance(run, str) or not run:
+        raise ConfigError(f"`run` must be a non-empty str; received run={run!r}")
+    if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
+        raise ConfigError(f"`round_timeout` must be > 0 seconds; received round_timeout={round_timeout!r}")
 
 
 def freeze(arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -72,6 +91,18 @@ def check_commit(partition: int, commit: Commit, num_workers: int, template: Seq
             raise ProtocolError(f"tensor {i}: expected {c.dtype}{list(c.shape)}, received {got}")
         if check_finite and not all_finite(t):
             raise ProtocolError(f"tensor {i} holds non-finite values (NaN or inf)")
+
+
+def check_ratio(ratio: Any) -> None:
+    """Raise :class:`ProtocolError` unless a learning-rate ``ratio`` is a finite number >= 0."""
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 0):
+        raise ProtocolError(f"a learning-rate ratio must be a finite number >= 0; received {ratio!r}")
+
+
+def check_base_clock(commit: Commit, clock: int, what: str) -> None:
+    """Raise :class:`ProtocolError` if ``commit`` was trained from a clock ahead of the server's ``clock``."""
+    if commit.base_clock > clock:
+        raise ProtocolError(f"{what}: base_clock {commit.base_clock} is ahead of the server clock {clock}")
 
 
 def run_rule(what: str, optimizer: DistributedOptimizer, center: Sequence[np.ndarray],

@@ -21,12 +21,13 @@ the store holds its own on every call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from elephant.errors import RolledBackError, StaleAttemptError
 from elephant.protocol import CommitKey
 from elephant.ps.metrics import Metrics
 from elephant.ps.rounds import Epoch
+from elephant.ps.snapshots import Snapshot
 
 logger = logging.getLogger("elephant.ps.store")  # the store's logger, as before the ledger had a module of its own
 
@@ -109,15 +110,11 @@ class Ledger:
         self._applied.extend(entries)
 
     # ------------------------------------------------------------ rollback
-    def pop_epochs(self, kept: frozenset[int]) -> Iterator[Epoch]:
-        """Drop, one by one, the bookkeeping of the epochs not in ``kept``; yields each as it is dropped."""
-        for epoch in set(self._epochs) - kept:
-            yield self._epochs.pop(epoch)
-
-    def truncate(self, size: int) -> None:
-        """Forget the applied commits after the first ``size``."""
-        del self._applied[size:]
-
-    def retire(self, run: str) -> None:
-        """Refuse ``run`` from now on: its epoch try was rolled back."""
+    def rewind(self, snapshot: Snapshot, run: str) -> list[Epoch]:
+        """Go back to ``snapshot``: forget the commits applied since, drop the bookkeeping of the epochs begun since
+        (returned) and refuse ``run`` from now on (its epoch try was rolled back)."""
+        dropped = [self._epochs.pop(epoch) for epoch in set(self._epochs) - snapshot.epochs]
+        del self._applied[snapshot.ledger_size:]
+        self.latest_epoch = snapshot.latest_epoch
         self._retired.add(run)
+        return dropped

@@ -5,7 +5,7 @@ count but the byte counts is made with the store's lock held. The byte counts,
 added by the app after each request, take the metrics' own :attr:`Metrics.lock`
 instead, since an apply may hold the store's lock for a while. Whoever reads or
 replaces every counter at once (the ``/metrics`` JSON, a hosted store's
-:class:`~elephant.ps.store.Outcome`) holds both locks, the store's first.
+:class:`~elephant.ps.snapshots.Outcome`) holds both locks, the store's first.
 """
 
 from __future__ import annotations

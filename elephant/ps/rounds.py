@@ -8,14 +8,15 @@
 
 A :class:`elephant.ps.store.Store` holds one :class:`Rounds` and keeps what
 is the store's: the lock, the center, the clock, fencing (its ledger), the
-checks of a commit, the waiting (with its timeout, rollback and closing) and
-the errors it raises. :class:`Rounds` keeps the rounds themselves: which commits are
-pending, a streaming rule's running sum, when a round closes and which rule
-call closes it, and what each waiter gets. It reaches the store through two
-things given to it: the store's condition (its lock, held on every call, and
-the waiters' wake-up) and an ``apply`` callback that runs a closed round's
-rule on the center and records its commits. A commit entered in a round gets
-a :class:`Ticket`: the store waits until it is done, then asks for the result.
+checks of a commit, the waiting (with its timeout, rollback and closing: its
+:class:`~elephant.ps.waits.Waits`) and the errors it raises. :class:`Rounds`
+keeps the rounds themselves: which commits are pending, a streaming rule's
+running sum, when a round closes and which rule call closes it, and what each
+waiter gets. It reaches the store through two things given to it: the store's
+condition (its lock, held on every call, and the waiters' wake-up) and an
+``apply`` callback that runs a closed round's rule on the center and records
+its commits. A commit entered in a round gets a :class:`Ticket`: the store
+waits until it is done, then asks for the result.
 
 The per-epoch bookkeeping (:class:`Epoch`) lives here too; the rules of
 admission and of a round's closing are :mod:`elephant.protocol`'s, which the

@@ -16,14 +16,14 @@ The driver then holds one :class:`ShardProcess` per shard: it has the
 ``learning_rate_changed``, ``run``, ``clock``, ``wait_finished``, ``close``),
 each a request over a :class:`multiprocessing.connection.Connection`, so a
 :class:`~elephant.ps.sharded_store.ShardedStore` holds them where it held
-stores. Snapshots come back as :class:`~elephant.ps.store.Snapshot` objects
+stores. Snapshots come back as :class:`~elephant.ps.snapshots.Snapshot` objects
 (picklable data: center slice, rule state, clock, bookkeeping).
 
 Requests carry an id and may be answered out of order (``wait_finished``
 blocks in a thread of the child), so several driver threads can use one
 proxy at once (the progress bar polls ``samples_applied`` while the fit reads
 the center). :meth:`ShardProcess.stop` stops the server, takes the store's
-final :class:`~elephant.ps.store.Outcome` back, joins the child (terminating
+final :class:`~elephant.ps.snapshots.Outcome` back, joins the child (terminating
 it after ``timeout``) and closes the pipe. A child whose driver dies sees its
 pipe close (or its parent change) and exits.
 """

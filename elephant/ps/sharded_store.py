@@ -53,7 +53,8 @@ from elephant.errors import ConfigError
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.protocol import CommitKey
 from elephant.ps.shards import ShardPlan, check_per_shard, plan_shards
-from elephant.ps.store import Snapshot, Store
+from elephant.ps.snapshots import Snapshot
+from elephant.ps.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ REFUSALS = ("commits_rejected", "stale_attempts_fenced")
 
 @dataclasses.dataclass(frozen=True)
 class ShardedSnapshot:
-    """Every shard's :class:`~elephant.ps.store.Snapshot`, in shard order; for :meth:`ShardedStore.rollback`."""
+    """Every shard's :class:`~elephant.ps.snapshots.Snapshot`, in shard order; for :meth:`ShardedStore.rollback`."""
 
     shards: tuple[Snapshot, ...]
 
@@ -170,7 +171,7 @@ class ShardedStore:
         return undone[0]
 
     def absorb(self, outcomes: Sequence[Any]) -> None:
-        """Go on from an epoch served elsewhere: each shard's store absorbs its :class:`~elephant.ps.store.Outcome`.
+        """Go on from an epoch served elsewhere: each shard's store absorbs its :class:`~elephant.ps.snapshots.Outcome`.
 
         ``outcomes`` holds one outcome per shard, in shard order (a Spark Connect
         fit's hosting tasks return them, :mod:`elephant.fit.connect`).

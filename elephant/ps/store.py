@@ -8,16 +8,12 @@ server rule (the runtime half of :mod:`elephant.optimizers.base`):
 * **hogwild**: fencing and deduplication are bookkept under the lock but the
   rule runs without it, so concurrent commits can overwrite each other's
   update (lost updates; racy by design, for experiments only);
-* **synchronous**: a round is ``(epoch, step)``; each commit waits until every
-  active partition of the epoch has committed that step or finished, then
-  ``apply_round`` runs once and every waiter gets the round's result.
+* **synchronous**: each commit waits for its round ``(epoch, step)`` to close
+  (:mod:`elephant.ps.rounds`); ``apply_round`` runs once and every waiter gets its result.
 
-Idempotency: a commit whose key ``(run, epoch, partition, step)`` was applied
-is acknowledged with the current center and not applied again (first apply
-wins). Fencing: per ``(epoch, partition)`` the highest Spark
-``taskAttemptId()`` seen wins; lower attempts get :class:`StaleAttemptError`.
-With an SSP ``staleness_bound`` a pull (and the reply to a commit, which
-doubles as the next pull) waits for admission (optimizers.md §10.2).
+Idempotency (a replayed commit is acknowledged, not applied again) and fencing
+(the highest task attempt of a partition wins) are the ledger's; SSP admission
+(a pull waits under a ``staleness_bound``) is the rounds' (optimizers.md §10.2).
 
 The store holds the center, the rule's state, the clock and the lock; it
 fences, waits, applies, rolls back and hands over its outcome. It is composed
@@ -29,7 +25,10 @@ byte counts alone have a lock of their own, the metrics'):
   epochs' bookkeeping and the rolled-back run ids (what makes a commit apply once);
 * :class:`elephant.ps.guard.NormGuard`: the norm guard (``norm_guard``);
 * :class:`elephant.ps.metrics.Metrics`: the counters and the staleness histogram;
-* :mod:`elephant.ps.checks`: the checks of a request, a commit and a rule's result.
+* :class:`elephant.ps.waits.Waits`: the requests held until a round closes, SSP admits or an epoch ends;
+* :class:`elephant.ps.view.ReplyView`: the workers' view of the center, with compressed replies;
+* :mod:`elephant.ps.checks`: the checks of the store's arguments, a request, a commit and a rule's result;
+* :mod:`elephant.ps.snapshots`: the :class:`Snapshot` a rollback returns to and the :class:`Outcome` handed over.
 
 The center arrays are read-only snapshots that updates replace and never
 mutate, so replies hand them out without copying.
@@ -39,70 +38,31 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
-import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from elephant.errors import (
-    ConfigError,
-    NormGuardError,
-    PSError,
-    ProtocolError,
-    RolledBackError,
-    RoundTimeoutError,
-    StaleAttemptError,
-    StoreClosedError,
-)
+from elephant.errors import (ConfigError, NormGuardError, PSError, ProtocolError, RolledBackError, RoundTimeoutError,
+                             StaleAttemptError, StoreClosedError)
 from elephant.optimizers.base import DistributedOptimizer
-from elephant.optimizers.codecs import encode_change
-from elephant.optimizers.compress import check_reply_mode
-from elephant.protocol import MODES, Commit, CommitKey, Reply, ReplyChange, ssp_admitted
-from elephant.ps.checks import check_commit, check_partition, commit_what, freeze, int_arg, run_rule
+from elephant.protocol import Commit, CommitKey, Reply, ssp_admitted
+from elephant.ps.checks import (check_base_clock, check_commit, check_partition, check_ratio, check_store_args,
+                                commit_what, freeze, int_arg, run_rule)
 from elephant.ps.guard import NormGuard
-from elephant.ps.layout import digest
 from elephant.ps.ledger import Ledger
 from elephant.ps.metrics import Metrics
 from elephant.ps.rounds import Epoch, RoundRule, Rounds, Ticket
+from elephant.ps.snapshots import Outcome, Snapshot
+from elephant.ps.view import ReplyView
+from elephant.ps.waits import Waits
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommitKey", "Store", "Snapshot", "Outcome", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
+__all__ = ["CommitKey", "Store", "StaleAttemptError", "RoundTimeoutError", "StoreClosedError",
            "RolledBackError", "NormGuardError", "ssp_admitted"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """What :meth:`Store.rollback` returns to: the store between two epochs."""
-
-    center: list
-    state: Any
-    clock: int
-    ledger_size: int
-    epochs: frozenset
-    latest_epoch: int | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a store served since it was made: handed from a store hosted elsewhere to :meth:`Store.absorb`.
-
-    A fit from a Spark Connect client serves each epoch from a store inside a
-    Spark task (:mod:`elephant.fit.connect`); the client's own store takes the
-    epoch's result from it.
-    """
-
-    center: list
-    state: Any
-    clock: int
-    ledger: list
-    counts: dict
-    staleness: dict
 
 
 class Store:
@@ -134,17 +94,7 @@ class Store:
     def __init__(self, center: Sequence[np.ndarray], optimizer: DistributedOptimizer, mode: str,
                  num_workers: int, run: str, round_timeout: float = 600.0, state: Any = None,
                  norm_guard: float | None = None, clock: int = 0):
-        if mode not in MODES:
-            raise ConfigError(f"`mode` must be one of {MODES}; received mode={mode!r}")
-        if mode not in optimizer.modes:
-            raise ConfigError(f"{type(optimizer).__name__} supports modes {optimizer.modes}; received mode={mode!r}")
-        check_reply_mode(optimizer, mode)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ConfigError(f"`num_workers` must be a positive int; received num_workers={num_workers!r}")
-        if not isinstance(run, str) or not run:
-            raise ConfigError(f"`run` must be a non-empty str; received run={run!r}")
-        if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
-            raise ConfigError(f"`round_timeout` must be > 0 seconds; received round_timeout={round_timeout!r}")
+        check_store_args(optimizer, mode, num_workers, run, round_timeout)
         self._center = freeze([np.array(a, copy=True) for a in center])
         self._commit_template = optimizer.commit_template(self._center)  # the center's structure, or an encoded layout
         self._optimizer, self._mode, self._num_workers, self._run = optimizer, mode, num_workers, run
@@ -156,13 +106,10 @@ class Store:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._rounds = Rounds(optimizer, mode, num_workers, self._round_timeout, self._cond, self._apply_round)
-        self._ledger = Ledger(num_workers, self._metrics, self._reset_view)
-        self._closed = False
-        self._waiting = 0  # requests blocked in a round or an SSP admission
-        #: With compressed replies (the rule's ``reply_codec``): the workers' view of the center and its digest.
-        self._view: list[np.ndarray] | None = None
-        self._view_digest: str | None = None
-        self._reset_view()
+        self._view = ReplyView(optimizer.reply_codec)  # the workers' center, with compressed replies
+        self._view.reset(self._center)
+        self._ledger = Ledger(num_workers, self._metrics, lambda: self._view.reset(self._center))
+        self._waits = Waits(self._cond, self._round_timeout, lambda: self._run)
         logger.info("store of run %s: mode=%s, optimizer=%r, num_workers=%d, %d tensors, %d bytes", run, mode,
                     optimizer, num_workers, len(self._center), sum(a.nbytes for a in self._center))
 
@@ -192,7 +139,7 @@ class Store:
     def metrics(self) -> dict[str, Any]:
         """Counters, the staleness histogram ``{tau: count}`` with its mean and max, and more."""
         with self._lock, self._metrics.lock:
-            return self._metrics.summary(self._run, self._mode, self._clock, self._num_workers, self._waiting)
+            return self._metrics.summary(self._run, self._mode, self._clock, self._num_workers, self._waits.waiting)
 
     @property
     def samples_applied(self) -> int:
@@ -210,8 +157,7 @@ class Store:
             ProtocolError: ``ratio`` is negative or not finite.
             PSError: the rule's hook failed (its state is unchanged).
         """
-        if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 0):
-            raise ProtocolError(f"a learning-rate ratio must be a finite number >= 0; received {ratio!r}")
+        check_ratio(ratio)
         with self._cond:
             try:
                 self._state = self._optimizer.on_learning_rate_change(self._state, float(ratio))
@@ -245,7 +191,7 @@ class Store:
         with self._cond, self._metrics.lock:
             self._center = freeze(outcome.center)
             self._state, self._clock = outcome.state, outcome.clock
-            self._reset_view()
+            self._view.reset(self._center)
             self._ledger.extend(outcome.ledger)
             self._metrics.add(outcome.counts, outcome.staleness)
 
@@ -266,14 +212,11 @@ class Store:
             raise ConfigError(f"a rollback needs a new run id; received run={run!r} (current {self._run!r})")
         with self._cond:
             undone = len(self._ledger) - snapshot.ledger_size
-            for ep in self._ledger.pop_epochs(snapshot.epochs):
+            for ep in self._ledger.rewind(snapshot, self._run):
                 self._rounds.abandon(ep, "the epoch was rolled back")
-            self._ledger.truncate(snapshot.ledger_size)
             self._center, self._clock = list(snapshot.center), snapshot.clock
-            self._reset_view()
+            self._view.reset(self._center)
             self._state = copy.deepcopy(snapshot.state)  # the snapshot stays valid for another rollback
-            self._ledger.latest_epoch = snapshot.latest_epoch
-            self._ledger.retire(self._run)
             self._run = run
             self._metrics.count("epochs_rolled_back")
             self._metrics.count("commits_rolled_back", undone)
@@ -284,26 +227,16 @@ class Store:
     def close(self) -> None:
         """Refuse further requests; wake every waiting one with :class:`StoreClosedError`."""
         with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+            self._waits.close()
 
     # ---------------------------------------------------------------- helpers
-    def _reset_view(self) -> None:
-        """With compressed replies, the workers' view becomes the center (at the start, a new epoch, a rollback)."""
-        if self._optimizer.reply_codec is not None:
-            self._view = list(self._center)
-            self._view_digest = digest(self._view)
-
     def _reply(self, tensors: Any = None) -> Reply:
         """A reply with the center as the workers hold it: the view, with compressed replies (lock held)."""
-        if self._view is None:
-            return Reply(clock=self._clock, center=list(self._center), tensors=tensors)
-        return Reply(clock=self._clock, center=list(self._view), tensors=tensors, view=self._view_digest)
+        return self._view.reply(self._clock, self._center, tensors)
 
     def _fence(self, run: str, epoch: int, partition: int, attempt: int, what: str) -> Epoch:
         """Closed check, run check and attempt fencing; the caller holds the lock."""
-        if self._closed:
-            raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
+        self._waits.check_open(what)
         self._ledger.check_current(run, self._run, what)
         if run != self._run:
             self._metrics.count("commits_rejected")
@@ -325,35 +258,11 @@ class Store:
         self._ledger.record(ep, key, attempt)
         self._metrics.count_applied(commit.num_samples, clock_before - commit.base_clock)
 
-    def _check_base_clock(self, commit: Commit, what: str) -> None:
-        if commit.base_clock > self._clock:
-            raise ProtocolError(f"{what}: base_clock {commit.base_clock} is ahead of the server clock {self._clock}")
-
-    def _wait(self, ready: Callable[[], bool], on_timeout: Callable[[], str]) -> None:
-        """Wait (lock held) until ``ready()``; after ``round_timeout`` raise with ``on_timeout()``'s message."""
-        deadline = time.monotonic() + self._round_timeout
-        run = self._run
-        self._waiting += 1
-        try:
-            while not ready():
-                if self._closed:
-                    raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
-                if self._run != run:
-                    raise RolledBackError(f"run {run} was rolled back while this request waited")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    message = on_timeout()
-                    logger.warning("%s", message)
-                    raise RoundTimeoutError(message)
-                self._cond.wait(remaining)
-        finally:
-            self._waiting -= 1
-
     def _admit(self, ep: Epoch, epoch: int, partition: int, what: str) -> None:
         """Block (lock held) until SSP admits ``partition`` to start a window."""
         admission = self._rounds.admission(ep, epoch, partition, what)
         if admission is not None:
-            self._wait(*admission)
+            self._waits.until(*admission)
 
     def _admitted_reply(self, ep: Epoch, key: CommitKey, what: str, tensors: Any, pulled: bool = False) -> Reply:
         """The reply doubles as the next pull: wait for SSP admission; if the wait (or a
@@ -369,7 +278,7 @@ class Store:
 
         def wait() -> Reply:
             with self._cond:
-                self._wait(lambda: ticket.done, lambda: self._rounds.withdraw(ticket))
+                self._waits.until(lambda: ticket.done, lambda: self._rounds.withdraw(ticket))
                 self._ledger.check_current(key.run, self._run, what)
                 reply = self._rounds.result(ticket)
                 if ticket.newer_attempt is not None:
@@ -394,13 +303,8 @@ class Store:
         self._metrics.count("rounds_applied")
         for key, attempt, commit in entries:
             self._record(ep, key, attempt, commit, clock)
-        codec = self._optimizer.reply_codec
-        if codec is None:
-            return self._clock, self._center, replies, {}
-        layout, view = encode_change(codec, self._view, self._center)  # once per round, whatever the workers
-        change = ReplyChange(self._view_digest, clock, codec.name, codec.block, freeze(layout))
-        self._view, self._view_digest = freeze(view), digest(view)
-        return self._clock, self._view, replies, {"view": self._view_digest, "change": change}
+        center, extra = self._view.advance(self._center, clock)
+        return self._clock, center, replies, extra
 
     # -------------------------------------------------------------- requests
     def pull(self, worker: int, epoch: int | None = None) -> Reply:
@@ -419,8 +323,7 @@ class Store:
         check_partition(worker, self._num_workers)
         what = f"pull (worker {worker})"
         with self._cond:
-            if self._closed:
-                raise StoreClosedError(f"{what}: the parameter server of run {self._run} is shutting down")
+            self._waits.check_open(what)
             epoch = self._ledger.latest_epoch if epoch is None else int_arg("epoch", epoch)
             if epoch is not None:
                 self._admit(self._ledger.epoch(epoch), epoch, worker, what)
@@ -463,16 +366,8 @@ class Store:
             StoreClosedError: the store was closed while waiting.
         """
         epoch = int_arg("epoch", epoch)
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while len(self._ledger.epoch(epoch).finished) < self._num_workers:
-                if self._closed:
-                    raise StoreClosedError(f"the parameter server of run {self._run} is shutting down")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+            return self._waits.within(lambda: len(self._ledger.epoch(epoch).finished) >= self._num_workers, timeout)
 
     def commit(self, key: CommitKey, attempt: int, commit: Commit, *, check_finite: bool = True) -> Reply:
         """Apply (or acknowledge a replay of) one commit; return the new center.
@@ -521,7 +416,7 @@ class Store:
                 self._ledger.replay(what)
                 reply = self._admitted_reply(ep, key, what, None, pulled=True)
                 return lambda: reply
-            self._check_base_clock(commit, what)
+            check_base_clock(commit, self._clock, what)
             self._guard.check(norm, what)
             if self._mode == "synchronous":
                 return self._round_result(self._rounds.enter(ep, key, attempt, commit, what), key, what)

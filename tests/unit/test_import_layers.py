@@ -22,8 +22,9 @@ ROOT = pathlib.Path(elephant.__file__).parent
 LAYERS = [
     ("ground", ["errors", "weights", "protocol", "console"]),
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire", "ps.layout", "ps.encoding", "ps.decoding"]),
-    ("pure state and checks", ["ps.rounds", "ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks", "data",
-                               "stream", "arrow", "config", "checkpoint", "combine", "model_io"]),
+    ("pure state and checks", ["ps.rounds", "ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks",
+                               "ps.snapshots", "ps.view", "ps.waits", "data", "stream", "arrow", "config",
+                               "checkpoint", "combine", "model_io"]),
     ("HTTP", ["ps", "ps.app", "ps.server", "ps.client", "ps.*"]),
     ("Keras worker", ["worker", "replicas", "backends", "framework", "gpu"]),
     ("Spark", ["session", "launch", "warmup", "daemon"]),
@@ -125,7 +126,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_store_and_the_modules_split_out_of_it_load_no_http_library():
     """``ps.store`` and its parts are pure state: importing them loads neither Flask nor requests (nor Spark, Keras)."""
     parts = [m for _, members in LAYERS for m in members if m.startswith("ps.") and _layer(m) == _layer("ps.store")]
-    assert {"ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks"} <= set(parts)
+    assert {"ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks", "ps.snapshots", "ps.view",
+            "ps.waits"} <= set(parts)
     code = (f"import sys, {', '.join('elephant.' + m for m in parts)}\n"
             "heavy = ('flask', 'werkzeug', 'requests', 'urllib3', 'pyspark', 'tensorflow', 'keras')\n"
             "print(','.join(m for m in heavy if m in sys.modules))\n")
