@@ -109,13 +109,11 @@ def _flatten(weights, groups, expected: int) -> list[np.ndarray]:
 class TensorFlowStepper(Stepper):
     """TensorFlow: one traced function reads every weight, one writes them all from a flat buffer per dtype.
 
-    Keras' own methods convert and assign variable by variable: for the
-    8-variable Conv1D of ``benchmarks/end_to_end.py`` they took 1.2-1.4 and
-    3.2-3.3 ms here, against 0.3-0.5 ms for one traced read and 0.6-0.9 ms for
-    one traced write (called as concrete functions: 0.15 and 0.24 ms in a later
-    run where calling the ``tf.function`` took 0.25 and 0.46 ms). A commit reads
-    and writes the weights once each, so at one commit per step this is most of
-    the worker's share of the round trip.
+    Keras' own methods convert and assign variable by variable, several times
+    slower than one traced read and one traced write (``benchmarks/README.md``,
+    "Keras backends (benchmarks/backends.py)"). A commit reads and writes the
+    weights once each, so at one commit per step this is most of the worker's
+    share of the round trip.
     """
 
     def __init__(self, model):
@@ -152,7 +150,7 @@ class _TensorFlowAccess:
         signature = [tf.TensorSpec([sum(sizes[i] for i in members)], tf.as_dtype(dtype))
                      for dtype, members in self._groups]
         # Concrete functions: calling a tf.function re-binds and hashes its arguments to find
-        # the trace each time (about 0.1 ms for the read and 0.2 ms for the write here).
+        # the trace each time (benchmarks/README.md, "Keras backends (benchmarks/backends.py)").
         self._read = tf.function(read, autograph=False).get_concrete_function()
         self._write = tf.function(write, input_signature=[signature], autograph=False).get_concrete_function()
 

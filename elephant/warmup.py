@@ -1,16 +1,13 @@
 """Start Spark's Python workers, with Keras and its framework in them, before the first fit needs them.
 
 The first Spark job of a session pays for starting its Python workers and for
-importing Keras and its framework (TensorFlow, JAX or torch) in them: about 6 s
-with TensorFlow on a 2-core machine (``benchmarks/first_fit.py``). A
+importing Keras and its framework (TensorFlow, JAX or torch) in them. A
 :class:`SparkModel <elephant.SparkModel>` therefore starts a tiny job in a
 background thread when it is created: one task per task slot (at most
 ``num_workers``) that does what a fit's task does first (the driver's Keras
 backend set, the task's GPUs placed: :func:`elephant.framework.enter_task`)
-and imports Keras and the driver's framework. (A
-train step on a toy model as well was measured: no gain after a gap, 1 s lost
-when the fit came at once, so it is not done.)
-Spark reuses those Python workers for the fit's tasks
+and imports Keras and the driver's framework; it runs no train step, which
+gained nothing. Spark reuses those Python workers for the fit's tasks
 (``spark.python.worker.reuse``, on by default; the driver's backend is in
 ``sc.environment`` before the job, so they are the fit's pool), so the time the
 user spends preparing data between ``SparkModel(...)`` and ``fit`` is taken off
@@ -21,10 +18,13 @@ installs only when a session is made there: cancel all jobs, then raise
 
 It runs once per SparkContext. ``fit``, ``evaluate`` and ``predict`` do not wait
 for it: their jobs queue behind it in Spark's scheduler and run in the workers
-it started, while the driver prepares the fit meanwhile (waiting for it before
-that preparation was measured 0.75 s slower when the fit came at once). A failure is logged and otherwise ignored: the fit then starts the workers
-itself (and raises what was wrong, such as a GPU request on a local master). Set
-``spark.elephant.warmUp=false`` in the session's conf to turn it off.
+it started, while the driver prepares the fit meanwhile (waiting for it first
+was slower). A failure is logged and otherwise ignored: the fit then starts the
+workers itself (and raises what was wrong, such as a GPU request on a local
+master). Set ``spark.elephant.warmUp=false`` in the session's conf to turn it off.
+
+What it takes off a first fit, and what waiting for it or a train step in it
+cost: ``benchmarks/README.md``, "First fit (benchmarks/first_fit.py)".
 """
 
 from __future__ import annotations

@@ -31,14 +31,13 @@ def map_large_allocations(threshold: int = MMAP_THRESHOLD) -> bool:
     raises its threshold (up to 32 MiB), and later blocks come from the arena of
     the thread that asked; freed, they stay resident there. A server of ``P``
     partitions then keeps about ``P`` models resident after one round, although
-    it holds only about one at a time (``benchmarks/sync_memory.py``: 16 MB
-    model, 16 partitions, a peak of 545 MB above the idle server against 85 MB
-    with a fixed threshold).
+    it holds only about one at a time (``benchmarks/README.md``, "Synchronous
+    rounds and driver memory (benchmarks/sync_memory.py)").
     A fixed threshold returns each large block to the system when it is freed.
     It is set by a server whose store streams synchronous rounds, and stays set
-    for the process: it costs the asynchronous server about a fifth of its
-    commits per second at 1 MB (``benchmarks/ps_roundtrip.py``, 4-32 clients),
-    which is why only synchronous rounds ask for it.
+    for the process: it costs the asynchronous server commits per second
+    (docs/parameter_server.md, "Guarantees"), which is why only synchronous
+    rounds ask for it.
 
     Leaves the allocator alone where it is not glibc, or where the user set
     ``MALLOC_MMAP_THRESHOLD_`` (glibc's own variable) for this process.

@@ -155,8 +155,8 @@ class BinaryRoutes:
     """WSGI middleware: ``POST /commit`` and ``GET /weights`` from the environ, any other request to Flask.
 
     A small commit spent more of its server CPU in Flask's request context,
-    URL map and response object than in the store (measured on a 32 KB
-    commit: about 0.19 ms of 0.40 ms in the app). These two routes keep the
+    URL map and response object than in the store (docs/parameter_server.md,
+    "Performance", has the split). These two routes keep the
     app's checks (:func:`refusal` before the body is read) and its error
     replies (:data:`STATUSES`, the JSON shape, ``Connection: close`` where
     the body may be unread); another method on their paths is 405.

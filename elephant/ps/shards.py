@@ -35,14 +35,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["Piece", "ShardPlan", "check_per_shard", "plan_shards", "choose_shards", "COMMIT_FIXED_S", "COMMIT_PER_MB_S",
            "PROCESS_BYTES_PER_S", "PROCESS_COMMITS_PER_S"]
 
-#: Server CPU seconds per commit (commit in, reply out), fixed part: the measured cost of a 32 KB commit.
+#: Server CPU seconds per commit (commit in, reply out), fixed part. This and the next three are one
+#: parameter-server process's costs and capacity, from its benchmarks (docs/parameter_server.md, "The pieces").
 COMMIT_FIXED_S = 0.55e-3
-#: Server CPU seconds per commit per MB (10**6 bytes) of model, fitted from 750-830 commits/s of 1 MB.
+#: Server CPU seconds per commit per MB (10**6 bytes) of model.
 COMMIT_PER_MB_S = 0.7e-3
-#: Bytes per second one parameter-server process moves in each direction (about 1 GB/s).
+#: Bytes per second one parameter-server process moves in each direction.
 PROCESS_BYTES_PER_S = 1e9
-#: Commits per second one process serves before the GIL binds, whatever their size (measured 600-800; the low end).
+#: Commits per second one process serves before the GIL binds, whatever their size.
 PROCESS_COMMITS_PER_S = 600.0
+#: The section of docs/parameter_server.md a request-bound rate's warning points to.
+REQUEST_BOUND_SECTION = "The pieces"
 
 
 class Piece(NamedTuple):
@@ -412,9 +415,9 @@ def choose_shards(model_bytes: int, num_workers: int, commit_interval: float = 2
                 utilization, by_bytes, by_cpu, shards)
     if request_bound:
         logger.log(logging.WARNING if warn_requests else logging.INFO,
-                   "%.1f commits/s is over %g of what one parameter-server process serves (about %g/s); every "
-                   "shard receives every commit, so shards do not help there: commit less often (a longer "
-                   "window)", rate, utilization, PROCESS_COMMITS_PER_S)
+                   "%.1f commits/s is over %g of what one parameter-server process serves; every shard receives "
+                   "every commit, so shards do not help there: commit less often (a longer window) "
+                   '(see docs/parameter_server.md, "%s").', rate, utilization, REQUEST_BOUND_SECTION)
     if need > shards:
         logger.warning("choose_shards: %d shards are needed for %.1f MB at %.1f commits/s; capped at max_shards=%d",
                        need, megabytes, rate, max_shards)

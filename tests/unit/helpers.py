@@ -76,22 +76,22 @@ class RecordingBuilder:
         return self
 
 
-def convergence_sections() -> set[str]:
-    """The section titles of docs/convergence.md, as a warning names them (without their Markdown backticks)."""
+def doc_sections(doc: str = "convergence.md") -> set[str]:
+    """The section titles of docs/``doc``, as a warning names them (without their Markdown backticks)."""
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "convergence.md").read_text(encoding="utf-8")
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / doc).read_text(encoding="utf-8")
     return {re.sub(r"^#+\s*", "", line).replace("`", "").strip() for line in text.splitlines() if line.startswith("#")}
 
 
-def check_points_to_the_figures(message: str) -> str:
-    """Check that a fit-start warning gives no figure of its own and ends by pointing to the section of
-    docs/convergence.md that holds them; returns that section's title."""
+def check_points_to_the_figures(message: str, doc: str = "convergence.md") -> str:
+    """Check that a warning gives no figure of its own and ends by pointing to the section of docs/``doc``
+    (docs/convergence.md unless told) that holds them; returns that section's title."""
     import re
 
     assert re.search(r"\d+(\.\d+)? ?(points?|%)", message) is None, f"a figure in the warning: {message!r}"
     assert "measured" not in message and "benchmarks/" not in message, message
-    found = re.search(r'\(see docs/convergence\.md, "([^"]+)"\)\.$', message)
-    assert found, f"the warning does not end with its docs section: {message!r}"
-    assert found.group(1) in convergence_sections(), f"no section {found.group(1)!r} in docs/convergence.md"
+    found = re.search(rf'\(see docs/{re.escape(doc)}, "([^"]+)"\)\.$', message)
+    assert found, f"the warning does not end with its docs/{doc} section: {message!r}"
+    assert found.group(1) in doc_sections(doc), f"no section {found.group(1)!r} in docs/{doc}"
     return found.group(1)

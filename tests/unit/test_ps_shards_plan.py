@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from elephant.errors import ConfigError, DataError
-from elephant.ps.shards import Piece, ShardPlan, choose_shards, plan_shards
+from elephant.ps.shards import PROCESS_COMMITS_PER_S, Piece, ShardPlan, choose_shards, plan_shards
+from tests.unit.helpers import check_points_to_the_figures
 
 MODELS = {
     "one-vector": [(10,)],
@@ -168,7 +169,9 @@ def test_choose_shards_settings_and_warnings(caplog):
         assert choose_shards(10_000, 512, 0.25) == 1  # 2048 commits/s: request-bound, shards cannot help
     messages = [r.getMessage() for r in caplog.records]
     assert any("26 shards are needed" in m and "capped at max_shards=4" in m for m in messages)
-    assert any("2048.0 commits/s" in m and "commit less often" in m for m in messages)
+    bound = [m for m in messages if "2048.0 commits/s" in m and "commit less often" in m]
+    assert len(bound) == 1 and f"{PROCESS_COMMITS_PER_S:g}" not in bound[0]  # the fit's rate, not the capacity
+    assert check_points_to_the_figures(bound[0], "parameter_server.md") == "The pieces"
 
 
 @pytest.mark.parametrize("kwargs, match", [
