@@ -1,9 +1,11 @@
-"""The figures the README quotes are those of the benchmark results they come from (no Spark).
+"""The figures the README and the docs quote are those of the benchmark results they come from (no Spark).
 
-Each row names a passage of the README (whitespace-normalised), the figure as it is
-written there, and the value in ``benchmarks/results/`` (or, for the per-request CPU
-profile, which no results file holds, the sentence of ``benchmarks/README.md``) it
-comes from. A README figure edited, or a result re-run, without the other fails here.
+Each row names the file a passage is in (the README, or the doc a passage moved to), the
+passage (whitespace-normalised), the figure as it is written there, and the value in
+``benchmarks/results/`` (or, for the per-request CPU profile, which no results file holds,
+the sentence of ``benchmarks/README.md``; for an earlier run's figures, the table of the
+doc that keeps them) it comes from. A figure edited, or a result re-run, without the other
+fails here.
 """
 
 from __future__ import annotations
@@ -64,55 +66,67 @@ def _profile(sentence: str):
     return lambda: (float(low), float(high))
 
 
-def _table_cell(row_start: str, cell: str):
-    """A figure of a table row of benchmarks/README.md that no results file keeps (an earlier run's)."""
-    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+def _table_cell(doc: str, row_start: str, cell: str):
+    """A figure of a table row of ``doc`` (a path from the repository root) that no results file keeps (an
+    earlier run's)."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
     line = next((line for line in text.splitlines() if line.startswith(row_start)), "")
     return lambda: float(cell) if f"| {cell} |" in line or f"| **{cell}** |" in line else math.nan
 
 
-#: (README passage, the figure in it, where it comes from, how they compare):
+README = "README.md"
+CONVERGENCE = "docs/convergence.md"
+PARAMETER_SERVER = "docs/parameter_server.md"
+
+#: (the file the passage is in, the passage, the figure in it, where it comes from, how they compare):
 #: "round:N": the value rounded to N decimals is the figure; "range": the figure ("a-b") holds the value;
 #: "bound": no value exceeds the figure; "in": the figure lies in the source's (low, high) range.
 FIGURES = [
-    ("default took 0.71× the wall time of plain `model.fit`", "0.71",
+    (README, "default took 0.71× the wall time of plain `model.fit`", "0.71",
      _end_to_end("synchronous (default)"), "round:2"),
-    ("0.71× too with `SparkModel(overlap=True)`", "0.71", _end_to_end("synchronous (default), overlap"), "round:2"),
-    ("0.64× (asynchronous: commits every 32 steps", "0.64", _end_to_end("asynchronous (default)"), "round:2"),
-    ("and 0.96× (hogwild: DOWNPOUR", "0.96", _end_to_end("hogwild (default)"), "round:2"),
-    ("step; 0.93× with overlap)", "0.93", _end_to_end("hogwild, overlap"), "round:2"),
-    ("all within 0.5 point of plain Keras' test accuracy", "0.5", _largest_accuracy_gap, "bound"),
-    ("`benchmarks/results/end_to_end.json`, plain Keras 13.1 s", "13.1", _end_to_end("plain keras", "seconds"),
+    (README, "0.71× too with `SparkModel(overlap=True)`", "0.71", _end_to_end("synchronous (default), overlap"), "round:2"),
+    (README, "0.64× (asynchronous: commits every 32 steps", "0.64", _end_to_end("asynchronous (default)"), "round:2"),
+    (README, "and 0.96× (hogwild: DOWNPOUR", "0.96", _end_to_end("hogwild (default)"), "round:2"),
+    (README, "step; 0.93× with overlap)", "0.93", _end_to_end("hogwild, overlap"), "round:2"),
+    (README, "all within 0.5 point of plain Keras' test accuracy", "0.5", _largest_accuracy_gap, "bound"),
+    (README, "`benchmarks/results/end_to_end.json`, plain Keras 13.1 s", "13.1", _end_to_end("plain keras", "seconds"),
      "round:1"),
-    ("and an earlier one 11.7 s", "11.7", _table_cell("| plain Keras |", "11.7"), "round:1"),
-    ("the synchronous default's 1.03×", "1.03", _table_cell("| synchronous (default: averaging", "1.03"), "round:2"),
-    ("the defaults took 0.92 to 1.73× plain Keras' time", "0.92",
+    (CONVERGENCE, "and an earlier one 11.7 s", "11.7", _table_cell(CONVERGENCE, "| plain Keras |", "11.7"), "round:1"),
+    (CONVERGENCE, "the synchronous default's 1.03×", "1.03",
+     _table_cell(CONVERGENCE, "| synchronous (default: averaging", "1.03"), "round:2"),
+    (README, "the defaults took 0.92 to 1.73× plain Keras' time", "0.92",
      lambda: min(_spark_default_time_ratios()), "round:2"),
-    ("the defaults took 0.92 to 1.73× plain Keras' time", "1.73",
+    (README, "the defaults took 0.92 to 1.73× plain Keras' time", "1.73",
      lambda: max(_spark_default_time_ratios()), "round:2"),
-    ("Python workers (about 6-7 s on 2 cores, mostly importing TensorFlow)", "6-7", _worker_start, "range"),
-    ("a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "1.4",
+    (README, "Python workers (about 6-7 s on 2 cores, mostly importing TensorFlow)", "6-7", _worker_start, "range"),
+    (README, "a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "1.4",
      _first_fit("session, fit after 10 s"), "round:1"),
-    ("a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "7.1",
+    (README, "a first fit on 2,000 samples took 1.4 s instead of 7.1 s", "7.1",
      _first_fit("session, fit after 10 s, no warm-up"), "round:1"),
-    ("left commit p99 at 1.16x its quiet value", "1.16", lambda: _json("flood.json")["server"]["p99_ratio"], "round:2"),
-    ("per 32 KB commit about 0.50 ms in the server", "0.50",
+    (PARAMETER_SERVER, "left commit p99 at 1.16x its quiet value", "1.16",
+     lambda: _json("flood.json")["server"]["p99_ratio"], "round:2"),
+    (README, "per 32 KB commit about 0.50 ms in the server", "0.50",
      lambda: next(r["server_ms_per_commit"] for r in _json("ps_scale_binary_s1.json")["rows"]
                   if r["phase"] == "a" and r["size"] == "32KB"), "round:2"),
-    ("and 0.35 ms in the client", "0.35", _profile("0.32-0.36 ms of client CPU"), "in"),
-    ("such a commit took 0.75 ms (median)", "0.75",
+    (README, "and 0.35 ms in the client", "0.35", _profile("0.32-0.36 ms of client CPU"), "in"),
+    (README, "such a commit took 0.75 ms (median)", "0.75",
      lambda: _json("ps_roundtrip.json")["latency"]["32KB"]["ps"]["commit"]["median_ms"], "round:2"),
 ]
 
 
+def _text(doc: str) -> str:
+    return _words((ROOT / doc).read_text(encoding="utf-8"))
+
+
 @pytest.fixture(scope="module")
 def readme() -> str:
-    return _words((ROOT / "README.md").read_text(encoding="utf-8"))
+    return _text(README)
 
 
-@pytest.mark.parametrize("passage, figure, value, how", FIGURES, ids=[f"{row[1]}:{row[0][:40]}" for row in FIGURES])
-def test_a_readme_figure_is_its_results_value(readme, passage, figure, value, how):
-    assert passage in readme, f"the README no longer says {passage!r}: update FIGURES with the figure's source"
+@pytest.mark.parametrize("doc, passage, figure, value, how", FIGURES,
+                         ids=[f"{row[2]}:{row[1][:40]}" for row in FIGURES])
+def test_a_readme_figure_is_its_results_value(doc, passage, figure, value, how):
+    assert passage in _text(doc), f"{doc} no longer says {passage!r}: update FIGURES with the figure's file and source"
     assert figure in passage
     got = value()
     if how.startswith("round:"):
@@ -132,7 +146,7 @@ def test_the_parameter_server_request_cost_is_not_the_old_figure(readme):
 
 
 def test_a_changed_result_fails_the_check(monkeypatch):
-    passage, figure, value, how = FIGURES[0]
+    doc, passage, figure, value, how = FIGURES[0]
     results = _json("end_to_end.json")
     next(r for r in results["results"] if r["name"] == "synchronous (default)")["ratio_to_plain"] = 1.03
     monkeypatch.setattr(f"{__name__}._json", lambda name: results)
