@@ -19,6 +19,9 @@ measurements.
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -27,7 +30,8 @@ from elephant import data as D
 from elephant.config import check_positive_int
 from elephant.errors import ConfigError
 
-__all__ = ["BUFFER_BYTES", "batches", "buffer_samples", "describe_buffer", "first_rows", "shuffled", "skip_rows", "stream_order"]
+__all__ = ["BUFFER_BYTES", "batches", "buffer_samples", "describe_buffer", "first_rows", "pass_blocks", "pass_order",
+           "shuffle_key", "shuffle_order", "shuffle_seed", "shuffled", "skip_rows", "stream_order"]
 
 #: The default shuffle buffer of a worker, in bytes of samples: a partition that fits in it is shuffled whole, as
 #: one permutation (docs/data.md, "The shuffle buffer").
@@ -150,3 +154,62 @@ def stream_order(block_sizes: Sequence[int], buffer: int, seed: int, carry: floa
     blocks = ((np.arange(a, b), None) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
     parts = [block[0] for block in shuffled(blocks, buffer, seed, carry)]
     return np.concatenate(parts) if parts else np.arange(0)
+
+
+def shuffle_key(seed: int | None, weights: list) -> str:
+    """What seeds the workers' per-epoch shuffles: the fit's seed and the weights it starts from.
+
+    The same seed from the same weights replays the same orders (a model built
+    again with the same seed included: layer names play no part), so a fit is
+    as reproducible as its rounds' timing allows, and
+    :func:`~elephant.optimizers.simulate_fit` replays a Spark fit's orders; a
+    later fit of the same model starts from other weights and shuffles anew,
+    as a second ``model.fit`` does. A seed of None gives "": the run id then
+    seeds the shuffles, new at every fit.
+    """
+    if seed is None:
+        return ""
+    digest = hashlib.blake2b(digest_size=8)
+    for w in weights:
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return f"seed{seed}/{digest.hexdigest()}"
+
+
+def shuffle_seed(key: str, epoch: int, partition: int) -> int:
+    """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``).
+
+    ``key`` is the fit's ``TaskSpec.shuffle_key``: its ``SparkModel(seed=)``
+    with a digest of the weights it starts from, so that the same seed
+    and start replay the same samples in the same order, and a later fit of
+    the same model shuffles anew; or the run id, when the seed is None.
+    """
+    return zlib.crc32(f"{key}/{epoch}/{partition}".encode())
+
+
+def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
+    """The order in which a partition of ``n`` samples is trained in one epoch (seeded by :func:`shuffle_seed`)."""
+    return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
+
+
+def pass_order(key: str | None, epoch: int, partition: int, n: int, buffer: int | None = None) -> np.ndarray:
+    """The order in which a partition of ``n`` samples held as one block is trained in ``epoch``: shuffled with the
+    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition, :func:`shuffle_order`), as
+    :func:`pass_blocks` gives it, or as it is where ``key`` is None (``shuffle=False``)."""
+    if key is None:
+        return np.arange(n)
+    if buffer is None or buffer >= n:
+        return shuffle_order(key, epoch, partition, n)
+    return stream_order([n], buffer, shuffle_seed(key, epoch, partition))
+
+
+def pass_blocks(blocks: Iterable[tuple], key: str | None, epoch: int, partition: int,
+                buffer: int | None = None) -> Iterator[tuple]:
+    """A partition's rows in the order its task trains them in ``epoch``, as a stream of blocks: shuffled with the
+    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition) seeded by
+    :func:`shuffle_seed`, or as they are read where ``key`` is None (``shuffle=False``). The order is a function of
+    the seed and of the blocks, so a retried task that reads the same blocks trains the same rows in the same
+    order."""
+    blocks = D.checked_blocks(blocks)
+    if key is None:
+        return blocks
+    return shuffled(blocks, sys.maxsize if buffer is None else buffer, shuffle_seed(key, epoch, partition))

@@ -18,13 +18,10 @@ Training replicas and their weight access are cached per Python worker process
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
-import os
 import sys
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -33,12 +30,13 @@ import numpy as np
 from elephant import data as D
 from elephant.backends import stepper
 from elephant.errors import DataError
+from elephant.faults import inject_fault
 from elephant.framework import enter_task
 from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, inner_optimizer, step_rates
 from elephant.protocol import Commit, CommitKey, merge_reply
 from elephant.replicas import keep_optimizer_state, limit_threads, training_replica, weighted_metric_keys
-from elephant.stream import batches, shuffled, skip_rows, stream_order
+from elephant.stream import batches, pass_blocks, skip_rows
 
 log = logging.getLogger(__name__)
 
@@ -271,75 +269,6 @@ class _Window:
         self._inflight = None
 
 
-#: The longest a ``kind=wait`` fault holds its task.
-WAIT_S = 120.0
-
-
-def inject_fault(fault: str, partition: int, step: int) -> None:
-    """Fault injection for reliability tests.
-
-    ``fault`` is ``"partition=P,step=S,kind=raise|exit|wait,marker=PATH"``: the first
-    time partition ``P`` reaches local step ``S`` the task fails (``wait``: stops
-    there until the file ``release=PATH`` exists, or for ``WAIT_S`` at most, as a
-    task on a stalled executor would). The marker file makes the fault fire once
-    per fit even though Spark's attempt numbers reset.
-    """
-    fields = dict(item.split("=", 1) for item in fault.split(",") if "=" in item)
-    if int(fields.get("partition", -1)) != partition or int(fields.get("step", -1)) != step:
-        return
-    marker = fields.get("marker")
-    if marker:
-        try:
-            with open(marker, "x"):
-                pass
-        except FileExistsError:
-            return
-    kind = fields.get("kind", "raise")
-    if kind == "exit":
-        os._exit(13)
-    if kind == "wait":
-        deadline = time.monotonic() + WAIT_S
-        while not os.path.exists(fields.get("release", "")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return
-    raise RuntimeError(f"injected fault in partition {partition} at step {step}")
-
-
-def shuffle_key(seed: int | None, weights: list) -> str:
-    """What seeds the workers' per-epoch shuffles: the fit's seed and the weights it starts from.
-
-    The same seed from the same weights replays the same orders (a model built
-    again with the same seed included: layer names play no part), so a fit is
-    as reproducible as its rounds' timing allows, and
-    :func:`~elephant.optimizers.simulate_fit` replays a Spark fit's orders; a
-    later fit of the same model starts from other weights and shuffles anew,
-    as a second ``model.fit`` does. A seed of None gives "": the run id then
-    seeds the shuffles, new at every fit.
-    """
-    if seed is None:
-        return ""
-    digest = hashlib.blake2b(digest_size=8)
-    for w in weights:
-        digest.update(np.ascontiguousarray(w).tobytes())
-    return f"seed{seed}/{digest.hexdigest()}"
-
-
-def shuffle_seed(key: str, epoch: int, partition: int) -> int:
-    """The seed of a partition's shuffle in one epoch of one fit (stable across processes, unlike ``hash``).
-
-    ``key`` is the fit's ``TaskSpec.shuffle_key``: its ``SparkModel(seed=)``
-    with a digest of the weights it starts from, so that the same seed
-    and start replay the same samples in the same order, and a later fit of
-    the same model shuffles anew; or the run id, when the seed is None.
-    """
-    return zlib.crc32(f"{key}/{epoch}/{partition}".encode())
-
-
-def shuffle_order(key: str, epoch: int, partition: int, n: int) -> np.ndarray:
-    """The order in which a partition of ``n`` samples is trained in one epoch (seeded by :func:`shuffle_seed`)."""
-    return np.random.default_rng(shuffle_seed(key, epoch, partition)).permutation(n)
-
-
 def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
     """The learning rate of each step of a pass over ``n`` samples whose rate changes within it (the fit's first
     pass, where it ramps the plan's factor up: ``spec.learning_rate_warmup``), or None when the pass trains at
@@ -348,30 +277,6 @@ def pass_rates(spec: TaskSpec, n: int) -> list[float] | None:
         return None
     return step_rates(spec.learning_rate, spec.learning_rate_scale, spec.learning_rate_warmup,
                       -(-n // spec.batch_size))
-
-
-def pass_order(key: str | None, epoch: int, partition: int, n: int, buffer: int | None = None) -> np.ndarray:
-    """The order in which a partition of ``n`` samples held as one block is trained in ``epoch``: shuffled with the
-    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition, :func:`shuffle_order`), as
-    :func:`pass_blocks` gives it, or as it is where ``key`` is None (``shuffle=False``)."""
-    if key is None:
-        return np.arange(n)
-    if buffer is None or buffer >= n:
-        return shuffle_order(key, epoch, partition, n)
-    return stream_order([n], buffer, shuffle_seed(key, epoch, partition))
-
-
-def pass_blocks(blocks: Iterable[tuple], key: str | None, epoch: int, partition: int,
-                buffer: int | None = None) -> Iterator[tuple]:
-    """A partition's rows in the order its task trains them in ``epoch``, as a stream of blocks: shuffled with the
-    fit's ``key`` through a buffer of ``buffer`` samples (None: the whole partition) seeded by
-    :func:`shuffle_seed`, or as they are read where ``key`` is None (``shuffle=False``). The order is a function of
-    the seed and of the blocks, so a retried task that reads the same blocks trains the same rows in the same
-    order."""
-    blocks = D.checked_blocks(blocks)
-    if key is None:
-        return blocks
-    return shuffled(blocks, sys.maxsize if buffer is None else buffer, shuffle_seed(key, epoch, partition))
 
 
 def task_blocks(spec: TaskSpec, partition: int, blocks: Iterable[tuple], n: int) -> Iterator[tuple]:

@@ -11,7 +11,7 @@ A fit whose plan has a head (``FitPlan.head_steps``) does it on the driver,
 where the user's compiled model
 and optimizer are: the global batch of each of its steps is the concatenation
 of every partition's batch of that step, in the order that partition's task
-would train its first pass (:func:`~elephant.worker.pass_blocks`), so the head trains exactly what
+would train its first pass (:func:`~elephant.stream.pass_blocks`), so the head trains exactly what
 averaging the workers' gradients every step would. The tasks of that epoch then
 skip those batches (``TaskSpec.skip_steps``), so the epoch trains every batch
 once, and start from the head's weights and optimizer state (the model archive
@@ -35,8 +35,7 @@ import numpy as np
 
 from elephant import data as D
 from elephant.fit.backup import built_optimizer
-from elephant.stream import first_rows
-from elephant.worker import pass_blocks
+from elephant.stream import first_rows, pass_blocks
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def head_rows(block: tuple, order: np.ndarray, steps: int, batch_size: int) -> t
 def partition_head(key: str | None, epoch: int, steps: int, batch_size: int, buffer: int | None = None):
     """A ``mapPartitionsWithIndex`` function giving ``[(partition, its head rows)]`` (nothing for an empty
     partition): the first ``steps`` batches of ``batch_size`` rows of the stream its task trains ``epoch`` from
-    (:func:`~elephant.worker.pass_blocks` with the fit's shuffle ``key``, None: ``shuffle=False``, and shuffle
+    (:func:`~elephant.stream.pass_blocks` with the fit's shuffle ``key``, None: ``shuffle=False``, and shuffle
     ``buffer``), read no further than those rows."""
     def rows(partition: int, blocks: Iterable[tuple]) -> list[tuple[int, tuple]]:
         head = first_rows(pass_blocks(blocks, key, epoch, partition, buffer), steps * batch_size)

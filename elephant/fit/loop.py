@@ -37,8 +37,8 @@ from elephant.fit.validation import SparkValidation, Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
 from elephant.optimizers.local import inner_optimizer, settable_rate
 from elephant.sources import Source, source
-from elephant.stream import buffer_samples, describe_buffer
-from elephant.worker import TaskSpec, shuffle_key
+from elephant.stream import buffer_samples, describe_buffer, shuffle_key
+from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,8 @@ from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, st
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import simulate
 from elephant.optimizers.trace import Trace
-from elephant.worker import pass_order, shuffle_key, train_at_rate
+from elephant.stream import pass_order, shuffle_key
+from elephant.worker import train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
 

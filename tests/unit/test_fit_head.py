@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 
-from elephant import backends, worker  # noqa: E402
+from elephant import backends, stream, worker  # noqa: E402
 from elephant import optimizers as O  # noqa: E402
 from elephant.config import Settings  # noqa: E402
 from elephant.fit import head as H  # noqa: E402
@@ -114,7 +114,7 @@ def test_a_task_trains_the_rows_the_head_left_of_its_pass(shuffle, monkeypatch):
     block = (x, y)
     rows = H.partition_head("key" if shuffle else None, 0, 2, 4)(3, iter([block]))
     assert [p for p, _ in rows] == [3]
-    order = worker.pass_order("key" if shuffle else None, 0, 3, 22)
+    order = stream.pass_order("key" if shuffle else None, 0, 3, 22)
     np.testing.assert_array_equal(rows[0][1][0], x[order[:8]])
     trained = []
     step = backends.Stepper.step
@@ -127,7 +127,7 @@ def test_a_task_trains_the_rows_the_head_left_of_its_pass(shuffle, monkeypatch):
     assert stats["weight_sum"] == 14
     later = dataclasses.replace(spec, epoch=1, skip_steps=0)
     (rows,) = worker.task_blocks(later, 3, [block], 22)  # later epochs: every row, in the epoch's order
-    np.testing.assert_array_equal(rows[0], x[worker.pass_order("key" if shuffle else None, 1, 3, 22)])
+    np.testing.assert_array_equal(rows[0], x[stream.pass_order("key" if shuffle else None, 1, 3, 22)])
 
 
 def test_a_task_whose_rows_the_head_took_all_trains_nothing_and_finishes():

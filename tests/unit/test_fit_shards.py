@@ -239,7 +239,8 @@ def test_a_backup_of_a_sharded_fit_restores_the_full_center_and_every_shard_s_st
     _same(saved.center, store.center())
 
     fresh = tiny_model()
-    epoch, state, history = resume_from_backup(fresh, "asynchronous", backup, rule, 2, 0, shards=2)
+    resume = resume_from_backup(fresh, "asynchronous", backup, rule, 2, 0, shards=2)
+    epoch, state, history = resume.initial_epoch, resume.rule_state, resume.history
     assert epoch == 3 and history["loss"] == [1.0, 0.5, 0.4] and len(state) == 2
     _same(fresh.get_weights(), store.center())
     resumed = make_store(fresh.get_weights(), rule, "asynchronous", 2, RUN + "b", shards=2, state=state)
@@ -253,8 +254,8 @@ def test_a_backup_of_a_sharded_fit_restores_the_full_center_and_every_shard_s_st
     _same(resumed.center(), resumed_one.center())
 
     # another number of shards (or none) does not take the shards' states: the rule starts afresh
-    assert resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0, shards=3)[1] is None
-    assert resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0)[1] is None
+    assert resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0, shards=3).rule_state is None
+    assert resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0).rule_state is None
 
 
 def test_an_unsharded_backup_keeps_its_identity(tmp_path):
@@ -267,7 +268,7 @@ def test_an_unsharded_backup_keeps_its_identity(tmp_path):
     _commits(store, 0, 2)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"))
     save_backup(model, "asynchronous", backup, store, rule, 2, 1, {})
-    state = resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0)[1]
+    state = resume_from_backup(tiny_model(), "asynchronous", backup, rule, 2, 0).rule_state
     assert pickle.dumps(state) == pickle.dumps(store.snapshot().state)
 
 

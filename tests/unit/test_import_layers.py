@@ -20,7 +20,7 @@ ROOT = pathlib.Path(elephant.__file__).parent
 
 #: Bottom up. A module may import from its own layer and the layers below it.
 LAYERS = [
-    ("ground", ["errors", "weights", "protocol", "console"]),
+    ("ground", ["errors", "weights", "protocol", "console", "faults"]),
     ("pure rules and wire", ["optimizers", "optimizers.*", "ps.wire", "ps.layout", "ps.encoding", "ps.decoding"]),
     ("pure state and checks", ["ps.rounds", "ps.store", "ps.ledger", "ps.guard", "ps.metrics", "ps.checks",
                                "ps.snapshots", "ps.view", "ps.waits", "data", "stream", "arrow", "config",

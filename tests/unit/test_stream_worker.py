@@ -53,7 +53,7 @@ def test_a_task_trains_its_blocks_in_the_stream_order_of_its_buffer_and_a_retry_
     x, y = _data(60)
     sizes = [7, 13, 5, 11, 9, 15]
     spec, client = _task("stream", shuffle_key="key", skip_steps=0, shuffle_buffer=16, partition_samples=(0, 60))
-    order = stream.stream_order(sizes, 16, worker.shuffle_seed("key", 0, 1))
+    order = stream.stream_order(sizes, 16, stream.shuffle_seed("key", 0, 1))
     assert sorted(order) == list(range(60)) and not np.array_equal(order, np.arange(60))
     trained = _trained(monkeypatch)
     (stats,) = worker.run_partition(spec, 1, 1, _blocks(x, y, sizes), client)
@@ -84,7 +84,7 @@ def test_a_whole_partition_buffer_trains_the_full_shuffle_of_todays_order(monkey
     trained = _trained(monkeypatch)
     spec, client = _task("whole", shuffle_key="key", skip_steps=0, partition_samples=(30,))
     worker.run_partition(spec, 0, 1, _blocks(x, y, [4, 20, 6]), client)
-    np.testing.assert_array_equal(np.concatenate(trained), x[worker.shuffle_order("key", 0, 0, 30)])
+    np.testing.assert_array_equal(np.concatenate(trained), x[stream.shuffle_order("key", 0, 0, 30)])
 
 
 def test_unshuffled_blocks_are_trained_as_read_in_batches_across_blocks(monkeypatch):
@@ -117,7 +117,7 @@ def test_without_counts_a_task_counts_its_partition_itself(monkeypatch):
 def test_the_heads_rows_and_the_tasks_rows_split_the_stream_of_a_small_buffer(monkeypatch):
     x, y = _data(50)
     sizes = [12, 6, 14, 8, 10]
-    order = stream.stream_order(sizes, 10, worker.shuffle_seed("key", 0, 2))
+    order = stream.stream_order(sizes, 10, stream.shuffle_seed("key", 0, 2))
     ((partition, head),) = H.partition_head("key", 0, 2, 4, buffer=10)(2, iter(_blocks(x, y, sizes)))
     assert partition == 2
     np.testing.assert_array_equal(head[0], x[order[:8]])
@@ -138,11 +138,11 @@ def test_the_head_reads_no_block_past_its_rows():
 
 def test_one_block_shuffled_through_a_small_buffer_is_the_simulators_order():
     x = np.arange(37)
-    seed = worker.shuffle_seed("key", 3, 1)
-    (streamed,) = [np.concatenate([b[0] for b in worker.pass_blocks([(x, x)], "key", 3, 1, 10)])]
-    np.testing.assert_array_equal(streamed, worker.pass_order("key", 3, 1, 37, buffer=10))
-    np.testing.assert_array_equal(worker.pass_order("key", 3, 1, 37, buffer=37), worker.shuffle_order("key", 3, 1, 37))
-    np.testing.assert_array_equal(worker.pass_order("key", 3, 1, 37, buffer=10), stream.stream_order([37], 10, seed))
+    seed = stream.shuffle_seed("key", 3, 1)
+    (streamed,) = [np.concatenate([b[0] for b in stream.pass_blocks([(x, x)], "key", 3, 1, 10)])]
+    np.testing.assert_array_equal(streamed, stream.pass_order("key", 3, 1, 37, buffer=10))
+    np.testing.assert_array_equal(stream.pass_order("key", 3, 1, 37, buffer=37), stream.shuffle_order("key", 3, 1, 37))
+    np.testing.assert_array_equal(stream.pass_order("key", 3, 1, 37, buffer=10), stream.stream_order([37], 10, seed))
 
 
 def test_the_default_buffer_holds_the_default_bytes_of_samples():
@@ -206,7 +206,7 @@ def test_committed_steps_follow_the_windows_a_task_commits(window, warmup):
 
 def test_a_resumed_task_trains_the_rest_of_its_pass_in_order(monkeypatch):
     x, y = _data(40)
-    order = worker.pass_order("key", 0, 1, 40)
+    order = stream.pass_order("key", 0, 1, 40)
     trained = _trained(monkeypatch)
     spec, client = _task("resumed", shuffle_key="key", skip_steps=2, resume_steps=(0, 3), partition_samples=(0, 40))
     (stats,) = worker.run_partition(spec, 1, 1, [(x, y)], client)

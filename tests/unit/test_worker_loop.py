@@ -10,7 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 
 from elephant import optimizers as O  # noqa: E402
-from elephant import replicas, worker  # noqa: E402
+from elephant import faults, replicas, stream, worker  # noqa: E402
 from elephant.model_io import fingerprint, model_to_bytes  # noqa: E402
 from elephant.optimizers.schedules import timed  # noqa: E402
 from elephant.ps.store import Store  # noqa: E402
@@ -275,16 +275,16 @@ def test_empty_partition_only_finishes(linear_data):
 def test_fault_injection_parsing(fault, partition, step, fires):
     if fires:
         with pytest.raises(RuntimeError, match="injected fault in partition 1 at step 2"):
-            worker.inject_fault(fault, partition, step)
+            faults.inject_fault(fault, partition, step)
     else:
-        worker.inject_fault(fault, partition, step)
+        faults.inject_fault(fault, partition, step)
 
 
 def test_fault_marker_fires_once(tmp_path):
     fault = f"partition=0,step=0,marker={tmp_path / 'm'}"
     with pytest.raises(RuntimeError):
-        worker.inject_fault(fault, 0, 0)
-    worker.inject_fault(fault, 0, 0)  # marker exists: no second failure
+        faults.inject_fault(fault, 0, 0)
+    faults.inject_fault(fault, 0, 0)  # marker exists: no second failure
 
 
 @pytest.mark.parametrize("window", [1, 2, None])
@@ -438,7 +438,7 @@ def test_a_retried_task_replays_the_same_shuffled_order(linear_data):
     for a, b in zip(first, retry, strict=True):
         np.testing.assert_array_equal(a, b)
     assert any((a != b).any() for a, b in zip(first, next_epoch, strict=True))  # another epoch, another order
-    assert worker.shuffle_seed("r", 0, 1) != worker.shuffle_seed("r", 0, 0) != worker.shuffle_seed("r", 1, 0)
+    assert stream.shuffle_seed("r", 0, 1) != stream.shuffle_seed("r", 0, 0) != stream.shuffle_seed("r", 1, 0)
 
 
 def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
@@ -452,15 +452,15 @@ def test_the_shuffle_follows_the_fits_seed_not_its_run_id(linear_data):
         worker.run_partition(spec, 0, 1, [linear_data], RecordingClient(store))
         return store.center()
 
-    key = worker.shuffle_key(0, model.get_weights())
+    key = stream.shuffle_key(0, model.get_weights())
     for a, b in zip(center("run-a", key), center("run-b", key), strict=True):
         np.testing.assert_array_equal(a, b)
-    other = center("run-a", worker.shuffle_key(1, model.get_weights()))
+    other = center("run-a", stream.shuffle_key(1, model.get_weights()))
     assert any((a != b).any() for a, b in zip(center("run-a", key), other, strict=True))
-    assert worker.shuffle_key(0, tiny_model().get_weights()) == key  # built again, other layer names: the same orders
+    assert stream.shuffle_key(0, tiny_model().get_weights()) == key  # built again, other layer names: the same orders
     trained = [w + 1 for w in model.get_weights()]
-    assert worker.shuffle_key(0, trained) != key  # a later fit starts from other weights and shuffles anew
-    assert worker.shuffle_key(None, model.get_weights()) == ""  # no seed: the run id, new every fit
+    assert stream.shuffle_key(0, trained) != key  # a later fit starts from other weights and shuffles anew
+    assert stream.shuffle_key(None, model.get_weights()) == ""  # no seed: the run id, new every fit
 
 
 def test_the_simulator_trains_the_orders_of_a_spark_fit_with_the_same_seed(linear_data):
@@ -472,7 +472,7 @@ def test_the_simulator_trains_the_orders_of_a_spark_fit_with_the_same_seed(linea
     model = tiny_model()
     store = Store(model.get_weights(), O.Downpour(), "asynchronous", 1, "run-a")
     spec = dataclasses.replace(_spec(model_to_bytes(model), "run-a", window=1, batch_size=16), shuffle=True,
-                               shuffle_key=worker.shuffle_key(3, model.get_weights()))
+                               shuffle_key=stream.shuffle_key(3, model.get_weights()))
     worker.run_partition(spec, 0, 1, split_numpy(x, y, 1, seed=3), RecordingClient(store))
 
     def simulated(seed):
