@@ -45,7 +45,7 @@ from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, st
 from elephant.optimizers.schedules import timed
 from elephant.optimizers.simulate import simulate
 from elephant.optimizers.trace import Trace
-from elephant.stream import pass_order, shuffle_key
+from elephant.stream import buffer_samples, pass_order, shuffle_key
 from elephant.worker import train_at_rate
 
 __all__ = ["simulate_fit", "FitTrace"]
@@ -155,10 +155,11 @@ class _Replica:
     """One simulated worker: its shard, reshuffled every epoch, and its turns on a Keras model."""
 
     def __init__(self, engine: _Engine, x, y, batch_size: int, shuffle_key: str | None, partition: int,
-                 skip: int = 0):
+                 skip: int = 0, buffer: int | None = None):
         self.engine, self.x, self.y = engine, x, y
         self.batch_size, self.shuffle_key, self.partition = batch_size, shuffle_key, partition  # key None: no shuffle
         self.skip = skip  # rows of the first pass the driver's head trained, as TaskSpec.skip_steps
+        self.buffer = buffer  # the shuffle buffer's samples, as TaskSpec.shuffle_buffer
         self.n = D.num_samples(x)
         self.epoch = -1
         self.order = np.arange(0)
@@ -172,7 +173,7 @@ class _Replica:
     def train_step(self, weights):
         while self.position >= len(self.order):  # a new pass over the shard: reshuffle, as run_partition does
             self.epoch += 1
-            self.order = pass_order(self.shuffle_key, self.epoch, self.partition, self.n)
+            self.order = pass_order(self.shuffle_key, self.epoch, self.partition, self.n, self.buffer)
             if self.epoch == 0:
                 self.order = self.order[self.skip:]
             self.position = 0
@@ -226,6 +227,7 @@ def simulate_fit(
     num_workers: int = 2,
     seed: int | None = _SETTINGS["seed"],
     shuffle: bool = True,
+    shuffle_buffer: int | None = None,
     validation_data: tuple | None = None,
     step_times: Sequence[float] | None = None,
     custom_objects=None,
@@ -241,7 +243,8 @@ def simulate_fit(
             as after ``SparkModel.fit``, it holds the final center at the end.
         x, y: numpy training data (split into ``num_workers`` shards with
             ``seed``, as ``SparkModel.fit`` splits numpy input).
-        epochs, batch_size, shuffle: as in ``fit``.
+        epochs, batch_size, shuffle, shuffle_buffer: as in ``fit`` (each shard is one
+            block, as a numpy fit's partition is, so its order is the Spark fit's).
         mode, optimizer, frequency: as in ``SparkModel`` (same defaults).
         num_workers: simulated workers. Default 2.
         seed: shard split seed, also seeds the per-epoch shuffles: with the
@@ -282,9 +285,11 @@ def simulate_fit(
     # the orders a Spark fit with this seed trains; no seed: new orders every fit, as a Spark fit's run id gives
     key = (shuffle_key(seed, model.get_weights()) or secrets.token_hex(8)) if shuffle else None
     sizes = [D.num_samples(sx) for sx, _ in shards]
+    buffer = buffer_samples(check_positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
+                            D.row_bytes(shards[0]))
     head = min([plan.head_steps] + [-(-n // batch_size) - 1 for n in sizes])  # every shard keeps a step to train
     if head > 0:  # as the Spark fit's driver trains it (elephant.fit.head), before the archive
-        train_head(model, [head_rows(shard, pass_order(key, 0, k, n), head, batch_size)
+        train_head(model, [head_rows(shard, pass_order(key, 0, k, n, buffer), head, batch_size)
                            for k, (shard, n) in enumerate(zip(shards, sizes, strict=True))], head, batch_size,
                    plan.head_batch_size)
     skips = [min(n, max(head, 0) * batch_size) for n in sizes]
@@ -293,7 +298,7 @@ def simulate_fit(
     engine = _Engine(model_from_bytes(archive, custom_objects), *rates) if share_model else None
     replicas = [
         _Replica(engine or _Engine(model_from_bytes(archive, custom_objects), *rates), sx, sy,
-                 batch_size, key, k, skips[k])
+                 batch_size, key, k, skips[k], buffer)
         for k, (sx, sy) in enumerate(shards)
     ]
     times = list(step_times) if step_times is not None else [1.0] * num_workers

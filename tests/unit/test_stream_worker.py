@@ -270,3 +270,18 @@ def test_saves_inside_an_epoch_need_one_store_on_the_driver(caplog):
     with caplog.at_level("WARNING", logger="elephant.fit.loop"):
         assert _inside_epochs(backup, 2, False) is None
     assert "saves at the end of each epoch only: the parameter server is sharded" in caplog.text
+
+
+def test_the_simulator_shuffles_each_shard_through_the_buffer_a_spark_fit_would():
+    from elephant.optimizers import simulate_fit
+    from tests.unit.test_fit_head import _model
+
+    x, y = _data(96)
+    ends = []
+    for buffer in (None, 48):  # 48 holds a shard: the same order as None
+        model = _model()
+        simulate_fit(model, x, y, epochs=1, batch_size=8, optimizer="downpour", frequency=2, shuffle_buffer=buffer)
+        ends.append(model.get_weights())
+    assert all(np.array_equal(a, b) for a, b in zip(ends[0], ends[1], strict=True))
+    with pytest.raises(ConfigError, match="`shuffle_buffer` must be a positive int; received shuffle_buffer=0"):
+        simulate_fit(_model(), x, y, shuffle_buffer=0)
