@@ -338,6 +338,7 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 log.info("the tasks ran on %s", task_devices(results))
             states = {r["partition"]: r["optimizer_state"] for r in results if "optimizer_state" in r}
             report.optimizer_states.append(states)
+            report.epoch_stats.append(results)
             report.learning_rates.append({r["partition"]: r["learning_rate"] for r in results if "learning_rate" in r})
             stale = sorted(p for p, source in states.items() if source == "stale")
             if stale:

@@ -32,6 +32,8 @@ class FitReport:
             ``"stale"``; :func:`elephant.replicas.training_replica`).
         learning_rates: per epoch, the learning rate each partition's task started its
             pass at (the compiled one times ``plan["learning_rate_scale"]``).
+        epoch_stats: per epoch, each partition's task statistics as the task returned them
+            (:func:`elephant.worker.run_partition`: steps, commits, seconds, ``peak_rss``...).
     """
 
     run: str = dataclasses.field(default_factory=new_run_id)
@@ -42,6 +44,7 @@ class FitReport:
     ledger: list | None = None
     optimizer_states: list[dict[int, str]] = dataclasses.field(default_factory=list)
     learning_rates: list[dict[int, float]] = dataclasses.field(default_factory=list)
+    epoch_stats: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def job_group(self) -> str:

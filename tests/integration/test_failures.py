@@ -52,6 +52,9 @@ def test_a_retried_task_streams_the_same_rows_through_a_small_shuffle_buffer(spa
         spark.conf.set(key, previous)
     assert marker.exists(), "the fault never fired"
     assert sm.fit_plan["shuffle_buffer"] == 128
+    stats = sm.last_report.epoch_stats  # each epoch's tasks, as they returned
+    assert [sorted(s["partition"] for s in epoch) for epoch in stats] == [[0, 1]] * 3
+    assert all(s["peak_rss"] > 0 and s["samples"] > 600 for epoch in stats for s in epoch)
     keys = [tuple(entry[0]) for entry in sm.last_ledger]
     assert not [k for k, c in Counter(keys).items() if c > 1]
     assert sm.last_metrics["replays_dropped"] >= 3
