@@ -2,26 +2,26 @@
 
 Both Spark runners (:mod:`elephant.fit.classic`, :mod:`elephant.fit.connect`)
 and the simulator (:mod:`elephant.fit.simulated`) plan through these
-functions, so a fit on Spark and its simulation train the same plan. The
-window is decided in :mod:`elephant.fit.window`, the shards in
-:mod:`elephant.fit.shard_choice`; the plan's warnings are
-:mod:`elephant.fit.start_warnings`.
+functions, so a fit on Spark and its simulation train the same plan. What
+the defaults add to the user's optimizer (the batch split, the window, the
+rule made for the fit, the workers' rate and moments, the driver's head) is
+decided step by step in :mod:`elephant.fit.recipe`, the window's arithmetic in
+:mod:`elephant.fit.window`, the shards in :mod:`elephant.fit.shard_choice`;
+the plan's warnings are :mod:`elephant.fit.start_warnings`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elephant.config import Settings
-from elephant.fit.head import head_steps
+from elephant.fit.recipe import Fit, Outcome, describe_outcomes, follow
 from elephant.fit.shard_choice import ShardChoice, check_requested_shards, decide_shards, shard_blocker
 from elephant.fit.start_warnings import async_window_warning, block_momentum_warning, overlap_warning
-from elephant.fit.window import (WindowChoice, estimate_commit_ms, estimate_step_ms, measured_costs, round_least,
-                                 warmup_window)
-from elephant.optimizers.base import DistributedOptimizer, worker_batch_size
+from elephant.fit.window import WindowChoice, measured_costs
+from elephant.optimizers.base import DistributedOptimizer
 from elephant.optimizers.local import RAMP_STEPS, LocalMoment, LocalMomentum, adapts_step_size
 
 __all__ = ["FitPlan", "decide_workers", "model_size", "plan_fit"]
@@ -76,6 +76,8 @@ class FitPlan:
             then at the full factor from their first step; 0: none. Planned wherever the workers
             train at a scaled factor (``learning_rate_scale`` above 1), for a fit whose server the
             driver hosts; beyond 4 workers it replaces the factor's ramp.
+        recipe: what each step of the defaults' recipe (:data:`~elephant.fit.recipe.RECIPE`) did in
+            this fit, and why.
     """
 
     num_workers: int
@@ -95,6 +97,7 @@ class FitPlan:
     local_momentum: LocalMomentum | None = None
     warmup_window: int | None = None
     head_steps: int = 0
+    recipe: tuple[Outcome, ...] = ()
 
     @property
     def head_batch_size(self) -> int | None:
@@ -118,7 +121,8 @@ class FitPlan:
                 "local_momentum": None if self.local_momentum is None else self.local_momentum.as_dict(),
                 "warmup_window": self.warmup_window, "head_steps": self.head_steps,
                 "ps_shards": self.ps_shards, "ps_placement": "executors" if self.hosted else "driver",
-                "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict()}
+                "shard_choice": None if self.shard_choice is None else self.shard_choice.as_dict(),
+                "recipe": [outcome.as_dict() for outcome in self.recipe]}
 
     def rechecked(self, stats: Iterable[Mapping[str, Any]]) -> FitPlan:
         """This plan with its decided window re-decided from an epoch's timed costs (else unchanged)."""
@@ -143,7 +147,7 @@ class FitPlan:
         return [w for w in found if w]
 
     def describe(self) -> str:
-        """One log line: the workers, the rule, the window, the batches and the overlap."""
+        """One log line: the workers, the rule, the window, the batches, the overlap and the recipe's steps."""
         if self.worker_batch_size != self.batch_size:
             batches = (f"batch_size={self.batch_size} is the global batch: each worker trains batches of "
                        f"{self.worker_batch_size} (pass SparkModel(batch_split=False) for full batches per worker)")
@@ -164,7 +168,7 @@ class FitPlan:
                 f"; the driver trains the rows of the workers' first {self.head_steps} steps of the first epoch "
                 "with the compiled optimizer on the global batch, the workers the rest of it at the full factor")
         return (f"elephant fit: {self.num_workers} workers, {self.rule.describe(self.num_workers)}{moment}, "
-                f"window={self.window}{warmup}{head}; {batches}; {flights}")
+                f"window={self.window}{warmup}{head}; {batches}; {flights}; {describe_outcomes(self.recipe)}")
 
 
 def model_size(model) -> tuple[int, int]:
@@ -185,7 +189,8 @@ UNKNOWN_COMMIT_INTERVAL_S = 2.0
 
 def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, samples: int | None = None,
              cores: int = 1, *, hosted: bool = False) -> FitPlan:
-    """The plan of a fit of ``num_workers`` workers with ``settings`` for the compiled Keras ``model``.
+    """The plan of a fit of ``num_workers`` workers with ``settings`` for the compiled Keras ``model``: the
+    defaults' recipe (:data:`~elephant.fit.recipe.RECIPE`) followed in order, then the parameter server's shards.
 
     ``samples`` (the training samples, None: unknown) and ``cores`` (per task)
     feed the window decision of a rule that adapts its window
@@ -199,38 +204,16 @@ def plan_fit(settings: Settings, model: Any, num_workers: int, batch_size: int, 
             shards than workers where they host them.
     """
     check_requested_shards(settings, num_workers if hosted else None)
-    window, split = settings.window, settings.splits_batch
-    per_worker = worker_batch_size(batch_size, num_workers, split)
     params, nbytes = model_size(model)
-    step_ms, commit_ms = estimate_step_ms(params, per_worker, cores), estimate_commit_ms(nbytes)
-    steps_per_pass = max(1, math.ceil(math.ceil(samples / num_workers) / per_worker)) if samples else None
-    choice = None
-    if settings.frequency is None and settings.optimizer.adapts_window and samples:
-        choice = WindowChoice.decide(
-            floor=settings.optimizer.window_from_costs, per_pass=window is None, model_bytes=nbytes, step_ms=step_ms,
-            commit_ms=commit_ms, steps_per_pass=steps_per_pass, budget=settings.comm_budget, measured=False,
-            workers=num_workers if split else 1, least=round_least(settings.optimizer, model.optimizer, num_workers,
-                                                                     split), lagged=settings.mode != "synchronous")
-        window = choice.window
-    steps = window or steps_per_pass
-    interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + commit_ms) / 1000.0
+    fit = Fit(settings, model.optimizer, num_workers, batch_size, samples, cores, hosted, params, nbytes)
+    planned, outcomes = follow(fit)
+    per_worker = planned["worker_batch_size"]
+    steps, step_ms = planned["window"] or fit.pass_steps(per_worker), fit.step_ms(per_worker)
+    interval = UNKNOWN_COMMIT_INTERVAL_S if steps is None else (steps * step_ms + fit.commit_ms) / 1000.0
     blocked = shard_blocker(settings)
     shard_choice = ShardChoice(decide_shards(settings.ps_shards, nbytes, num_workers, interval, blocked, hosted),
                                settings.ps_shards, nbytes, num_workers, interval, blocked)
-    rule = settings.optimizer.for_fit(model.optimizer, num_workers, split, window)
-    warmup = rule.local_rate_warmup(model.optimizer, num_workers, split)
-    scale = rule.local_rate_scale(model.optimizer, num_workers, split)
-    # the head starts the workers at a scaled rate (replacing the ramp beyond 4 workers) where the driver hosts the
-    # server and the batch splits into a sample or more a worker
-    head = head_steps(steps_per_pass) if scale > 1.0 and not hosted and num_workers <= batch_size else 0
-    return FitPlan(
-        num_workers=num_workers, batch_size=batch_size, worker_batch_size=per_worker, window=window,
-        splits_batch=split, overlap=settings.overlap, rule=rule, window_choice=choice,
-        adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
-        learning_rate_scale=scale, learning_rate_warmup=warmup and not head,
-        local_moment=rule.local_moment(model.optimizer, num_workers, split),
-        local_momentum=rule.local_momentum(model.optimizer, num_workers, split, window),
-        warmup_window=warmup_window(window, num_workers) if choice is not None and warmup and split else None,
-        head_steps=head,
-    )
+    return FitPlan(num_workers=num_workers, batch_size=batch_size, overlap=settings.overlap,
+                   adaptive=adapts_step_size(model.optimizer), shard_choice=shard_choice, hosted=hosted,
+                   recipe=outcomes, **planned)
 

@@ -14,11 +14,12 @@ import json
 import pathlib
 
 import keras
-import pytest
 
 from elephant.config import Settings
 from elephant.fit.plan import plan_fit
+from elephant.fit.recipe import RECIPE, Outcome, describe_outcomes
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = pathlib.Path(__file__).parent / "data" / "fit_plans.json.gz"
 
 MODES = ("synchronous", "asynchronous", "hogwild")
@@ -61,11 +62,17 @@ def _configs():
         yield key, (settings, _model(size, optimizer), workers, BATCH_SIZE, samples), hosted
 
 
+@functools.lru_cache(maxsize=1)
+def _grid() -> dict:
+    """Every plan of the grid, by key."""
+    return {key: plan_fit(*args, hosted=hosted) for key, args, hosted in _configs()}
+
+
 def _plans() -> dict:
     """Every plan of the grid as ``fit_plan`` shows it, less its recipe, through JSON (tuples as lists)."""
     found = {}
-    for key, args, hosted in _configs():
-        shown = plan_fit(*args, hosted=hosted).as_dict()
+    for key, plan in _grid().items():
+        shown = plan.as_dict()
         shown.pop("recipe", None)
         found[key] = json.loads(json.dumps(shown))
     return found
@@ -74,6 +81,7 @@ def _plans() -> dict:
 def write_golden() -> None:
     """Record the grid's plans from the code as it is (run once, before the plan went through the recipe)."""
     GOLDEN.parent.mkdir(exist_ok=True)
+    _grid.cache_clear()
     with gzip.open(GOLDEN, "wt", encoding="utf-8") as out:
         json.dump(_plans(), out, sort_keys=True, separators=(",", ":"))
 
@@ -85,3 +93,73 @@ def test_the_plans_are_the_golden_ones():
     assert found.keys() == golden.keys()
     differ = [key for key in golden if found[key] != golden[key]]
     assert differ == [], f"{len(differ)} plans differ, e.g. {differ[0]}: {found[differ[0]]} != {golden[differ[0]]}"
+
+
+# ------------------------------------------------------------------ what each step says it did
+def _outer_step(plan) -> bool:
+    outer = getattr(plan.rule, "outer", None)
+    return outer is not None and (outer.learning_rate != 1.0 or outer.resolve_momentum(plan.num_workers) != 0.0)
+
+
+#: Whether each step changed the plan, read from the plan's values alone.
+APPLIED = {
+    "batch_split": lambda plan: plan.splits_batch and plan.num_workers > 1,
+    "window_from_costs": lambda plan: plan.window_choice is not None,
+    "lag_bound": lambda plan: (plan.window_choice is not None and plan.window_choice.lagged and plan.window is not None
+                               and plan.window_choice.workers > 1
+                               and plan.window_choice.least < plan.window_choice.floor),
+    "outer_nesterov": _outer_step,
+    "sqrt_scaling": lambda plan: plan.learning_rate_scale > 1.0,
+    "head": lambda plan: plan.head_steps > 0,
+    "ramp": lambda plan: plan.learning_rate_warmup,
+    "warmup_window": lambda plan: plan.warmup_window is not None,
+    "local_moment": lambda plan: plan.local_moment is not None,
+    "local_momentum": lambda plan: plan.local_momentum is not None,
+}
+
+
+def test_the_recipe_lists_every_step_once_with_a_switch_and_a_reason():
+    names = [step.name for step in RECIPE]
+    assert names == list(APPLIED) and len(set(names)) == len(names)
+    for step in RECIPE:
+        assert step.when and step.switch and step.reason and step.decide.__doc__, step.name
+        assert "\n" not in step.reason and "%" not in step.reason, step.name  # one line; the figures live in docs
+
+
+def test_each_step_says_what_it_did_to_the_plan():
+    for key, plan in _grid().items():
+        assert [o.step for o in plan.recipe] == list(APPLIED), key
+        for outcome in plan.recipe:
+            assert outcome.applied == bool(APPLIED[outcome.step](plan)), (key, outcome)
+            assert outcome.why, (key, outcome)
+
+
+def _recipe(settings, workers, optimizer="adam", samples=2_000, **kw):
+    plan = plan_fit(Settings(**settings), _model("kb", optimizer), workers, BATCH_SIZE, samples, **kw)
+    return {o["step"]: (o["applied"], o["why"]) for o in plan.as_dict()["recipe"]}
+
+
+def test_fit_plan_says_why_a_step_was_skipped():
+    assert _recipe({"mode": "synchronous"}, 4, "sgd")["sqrt_scaling"] == (False, "the user's optimizer is SGD")
+    assert _recipe({"mode": "synchronous"}, 1)["batch_split"] == (False, "1 worker")
+    split = _recipe({"mode": "synchronous", "batch_split": False}, 4)
+    assert split["batch_split"] == split["sqrt_scaling"] == (False, "switched off: batch_split=False")
+    assert _recipe({"mode": "asynchronous", "frequency": 4}, 8)["window_from_costs"] == (
+        False, "switched off: frequency=4")
+    assert _recipe({"mode": "synchronous", "optimizer": {"name": "modelaveraging", "config": {
+        "sqrt_scaling": False}}}, 4)["sqrt_scaling"] == (False, "switched off: sqrt_scaling=False")
+    scaled = _recipe({"mode": "synchronous"}, 4)
+    assert scaled["sqrt_scaling"] == (True, next(s.reason for s in RECIPE if s.name == "sqrt_scaling"))
+    assert scaled["outer_nesterov"] == (False, "the workers' rate is scaled instead")
+    hosted = _recipe({"mode": "synchronous"}, 8, hosted=True)
+    assert hosted["head"][0] is False and "runs in the tasks" in hosted["head"][1] and hosted["ramp"][0] is True
+
+
+def test_the_fit_start_line_lists_the_steps_applied_then_those_skipped_with_why():
+    plan = plan_fit(Settings(mode="synchronous"), _model("kb", "sgd"), 4, BATCH_SIZE, 2_000)
+    line = plan.describe()
+    assert line.endswith(describe_outcomes(plan.recipe))
+    assert "recipe (elephant.fit.recipe) applied: batch_split, window_from_costs, outer_nesterov; skipped: " in line
+    assert "sqrt_scaling (the user's optimizer is SGD)" in line
+    assert describe_outcomes([Outcome("head", False, "1 worker")]).endswith("applied: none; skipped: head (1 worker)")
+
