@@ -163,3 +163,17 @@ def test_the_fit_start_line_lists_the_steps_applied_then_those_skipped_with_why(
     assert "sqrt_scaling (the user's optimizer is SGD)" in line
     assert describe_outcomes([Outcome("head", False, "1 worker")]).endswith("applied: none; skipped: head (1 worker)")
 
+
+def _readme_table() -> list[list[str]]:
+    """The cells of README.md's table "Accuracy: what the defaults add to your optimizer"."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Accuracy: what the defaults add to your optimizer", 1)[1]
+    table = section.split("| step | when it applies | turned off by |", 1)[1].split("\n\n", 1)[0]
+    return [[cell.strip() for cell in row.strip().strip("|").split(" | ")] for row in table.strip().splitlines()[1:]]
+
+
+def test_the_readme_table_lists_the_recipes_steps_in_order_with_their_switches():
+    rows = _readme_table()
+    assert [row[0].split("`")[1] for row in rows] == [step.name for step in RECIPE]
+    for row, step in zip(rows, RECIPE):
+        assert f"`{step.switch}`" in row[2], (step.name, row[2])
