@@ -340,7 +340,7 @@ RECIPE: tuple[Step, ...] = (
          switch='"outer_momentum": 0',
          reason="plain averaging moves the center by one worker's progress a round; block momentum makes it more"),
     Step("sqrt_scaling", sqrt_scaling,
-         when="an adaptive optimizer on the split batch: 2 to 4 workers, beyond with a numeric rate (asynchronous: "
+         when="an adaptive optimizer on the split batch: 2 to 4 workers; 5 to 64 with a numeric rate (asynchronous: "
               "in windows)",
          switch='"sqrt_scaling": False',
          reason="an adaptive optimizer's steps on 1/K of the batch carry 1/√K of its signal; √K times the rate gives "
