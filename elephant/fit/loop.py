@@ -186,7 +186,7 @@ def _recheck(plan: FitPlan, results, report: FitReport) -> FitPlan:
     """The plan for the next epochs: a decided window re-decided from the epoch's timings, logged when it changes."""
     rechecked = plan.rechecked(results)
     if rechecked is not plan:
-        report.plan = rechecked.as_dict()
+        report.plan = dict(report.plan or {}, **rechecked.as_dict())  # the fit's own keys (shuffle_buffer...) kept
         if rechecked.window != plan.window:
             log.info("window decision, from the next epoch: %s", rechecked.window_choice.describe())
     return rechecked
