@@ -90,14 +90,20 @@ def shuffled(blocks: Iterable[tuple], buffer: int, seed: int, carry: float = 0.5
         if count < buffer:
             continue
         merged = next(D.concat_blocks(held))
+        held = []  # the blocks go as soon as they are merged; the merged rows as soon as they are dealt
         order = rng.permutation(count)
         out = count - min(keep, count)
-        yield D.take_block(merged, order[:out])
+        given = D.take_block(merged, order[:out])
         held = [D.take_block(merged, order[out:])] if out < count else []
+        del merged
         count -= out
+        yield given
     if count:
         merged = next(D.concat_blocks(held))
-        yield D.take_block(merged, rng.permutation(count))
+        held = []
+        given = D.take_block(merged, rng.permutation(count))
+        del merged
+        yield given
 
 
 def batches(blocks: Iterable[tuple], batch_size: int) -> Iterator[tuple]:
