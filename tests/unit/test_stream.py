@@ -90,3 +90,22 @@ def test_bad_settings_are_refused_by_name(kwargs, message):
 def test_a_bad_batch_size_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"`batch_size` must be a positive int; received batch_size=0"):
         list(stream.batches(_blocks([4]), 0))
+
+
+def test_the_memory_a_stream_holds_does_not_grow_with_the_partition():
+    import tracemalloc
+
+    def blocks(count):  # made as they are read, as a task reads a cached partition: 1 MiB each
+        for i in range(count):
+            yield np.full((1024, 256), i, dtype=np.float32), np.full(1024, i)
+
+    peaks = []
+    for count in (16, 64):  # 16 MiB and 64 MiB partitions, through a buffer of 4 MiB of samples
+        tracemalloc.start()
+        rows = 0
+        for batch in stream.batches(stream.shuffled(blocks(count), buffer=4096, seed=0), 64):
+            rows += len(batch[1])
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert rows == count * 1024
+    assert peaks[1] < 1.25 * peaks[0] and peaks[1] < 20 * 2**20  # a few buffers, not the 64 MiB partition
