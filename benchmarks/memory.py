@@ -31,7 +31,7 @@ Writes ``benchmarks/results/memory.json`` and ``benchmarks/results/memory.png``.
 
 Usage::
 
-    python benchmarks/memory.py                          # 500k rows at 1x: 0.26, 1.04 and 4.2 GB; ~30 min
+    python benchmarks/memory.py                          # 500k rows at 1x: 0.26, 1.04 and 4.2 GB; ~45 min
     python benchmarks/memory.py --rows 100000 --scales 1 4 --modes synchronous   # quicker
     python benchmarks/memory.py --local                  # local[2] instead of local-cluster
 """
@@ -345,9 +345,13 @@ def write_table(master: str, rows: int, path: str) -> dict:
     return {"rows": rows, "parquet_bytes": parquet_bytes, "seconds": round(time.perf_counter() - started, 1)}
 
 
-def child(argv: list[str], out: str) -> dict:
-    """Run this script in a fresh process with ``argv``; what it wrote to ``out``."""
-    done = subprocess.run([sys.executable, __file__, *argv, "--result", out], cwd=ROOT)
+def child(argv: list[str], out: str, timeout: float | None = None) -> dict | None:
+    """Run this script in a fresh process with ``argv``; what it wrote to ``out`` (None: no result in ``timeout``
+    seconds, the process killed: its Spark application ends with it)."""
+    try:
+        done = subprocess.run([sys.executable, __file__, *argv, "--result", out], cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
     if done.returncode != 0 or not Path(out).exists():
         raise RuntimeError(f"{' '.join(argv)} failed (exit {done.returncode})")
     return json.loads(Path(out).read_text())
@@ -358,6 +362,7 @@ def child(argv: list[str], out: str) -> dict:
 
 def with_ratios(runs: list[dict]) -> list[dict]:
     """Each run with its figures' ratios to the smallest size's run of the same mode."""
+    runs = [r for r in runs if "processes" in r]  # a run with no result (stalled) has no figures
     figures = {"data": lambda r: r["data_bytes"], "seconds": lambda r: r["seconds"],
                "python_worker": lambda r: r["processes"]["peak"]["python_worker"],
                "task_peak_rss": lambda r: r["task_peak_rss"],
@@ -439,6 +444,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
     parser.add_argument("--local", action="store_true", help=f"local[2] instead of {CLUSTER}")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds a fit's process may take before it is killed and reported as stalled")
     parser.add_argument("--tmp", default=None, help="where the Parquet tables go (a temporary folder in it)")
     parser.add_argument("--out", default=str(HERE / "results" / "memory.json"))
     parser.add_argument("--plot", default=str(HERE / "results" / "memory.png"))
@@ -462,7 +469,7 @@ def main(argv=None) -> None:
     results = {"master": master, "base_rows": args.rows, "features": FEATURES, "classes": CLASSES,
                "batch_size": args.batch_size, "interval_s": args.interval, "machine": platform.platform(),
                "cpus": os.cpu_count(), "memory_gb": round(os.sysconf("SC_PHYS_PAGES") * PAGE / 2**30, 1),
-               "tables": [], "runs": []}
+               "tables": [], "runs": [], "stalled": []}
     tmp = tempfile.mkdtemp(prefix="elephant-memory-", dir=args.tmp)
     try:
         for scale in args.scales:
@@ -475,7 +482,11 @@ def main(argv=None) -> None:
             for mode in args.modes:
                 run = child(["--measure", table, "--modes", mode, "--batch-size", str(args.batch_size),
                              "--interval", str(args.interval)] + (["--local"] if args.local else []),
-                            os.path.join(tmp, f"{mode}_{scale}.json"))
+                            os.path.join(tmp, f"{mode}_{scale}.json"), args.timeout)
+                if run is None:
+                    results["stalled"].append({"mode": mode, "scale": scale, "rows": rows, "timeout_s": args.timeout})
+                    print(f"  {mode}: no result in {args.timeout:.0f} s, killed", flush=True)
+                    continue
                 run.update(scale=scale, data_bytes=rows * ROW_BYTES, parquet_bytes=written["parquet_bytes"])
                 results["runs"].append(run)
                 print(f"  {mode}: {run['seconds']} s, accuracy {run['accuracy']}, {json.dumps(run['processes']['peak'])}"
