@@ -102,17 +102,18 @@ class Source:
         """An RDD of ``(x, y[, w])`` numpy blocks in ``num_workers`` partitions (numpy) or the data's own."""
         raise NotImplementedError
 
-    def repartitioned(self, num_workers: int) -> Source:
+    def repartitioned(self, num_workers: int, coalesce: bool = True) -> Source:
         """The same data in ``num_workers`` partitions (a DataFrame or an RDD; numpy is split by :meth:`training`):
-        more partitions are coalesced, without a shuffle (each worker's task reads several of them in turn, as
-        one stream), fewer are repartitioned."""
+        more partitions are coalesced where ``coalesce``, without a shuffle (each worker's task reads several of
+        them in turn, as one stream), else repartitioned, as fewer always are."""
         raise NotImplementedError
 
-    def training(self, model, sc, requested: int | None, args, seed: int | None) -> Training:
+    def training(self, model, sc, requested: int | None, args, seed: int | None, barrier: bool = False) -> Training:
         """The training blocks of a fit (``args`` a checked :class:`~elephant.config.FitArgs`), one
-        partition per worker, class weights turned into sample weights as Keras does."""
+        partition per worker, class weights turned into sample weights as Keras does. An epoch that is a
+        ``barrier`` stage gets repartitioned data: Spark refuses a barrier stage over coalesced partitions."""
         num_workers = decide_workers(requested, self.available_workers(sc))
-        rdd = self.repartitioned(num_workers).labeled_blocks(
+        rdd = self.repartitioned(num_workers, coalesce=not barrier).labeled_blocks(
             model, sc, num_workers, features_col=args.features_col, label_col=args.label_col,
             weight_col=args.weight_col)
         if args.class_weight is not None:
@@ -153,7 +154,7 @@ class NumpySource(Source):
         idx = np.array_split(np.arange(D.num_samples(x)), min(num_workers, D.num_samples(x)))
         return sc.parallelize([(D.take(x, i), D.take(y, i)) + (() if w is None else (w[i],)) for i in idx], len(idx))
 
-    def training(self, model, sc, requested: int | None, args, seed: int | None) -> Training:
+    def training(self, model, sc, requested: int | None, args, seed: int | None, barrier: bool = False) -> Training:
         """Shuffled shards (seeded), one per worker and never empty, each shipped once as a broadcast;
         ``validation_split`` holds out the last samples, with their weights, as Keras does."""
         x, y, w = self.x, self.y, args.sample_weight  # checked by checked_weights
@@ -189,8 +190,8 @@ class RDDSource(Source):
     def available_workers(self, sc) -> int:
         return self.x.getNumPartitions()
 
-    def repartitioned(self, num_workers: int) -> Source:
-        return RDDSource(_partitioned(self.x, self.x.getNumPartitions(), num_workers))
+    def repartitioned(self, num_workers: int, coalesce: bool = True) -> Source:
+        return RDDSource(_partitioned(self.x, self.x.getNumPartitions(), num_workers, coalesce))
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, **_: Any):
         """Records grouped into blocks, or blocks as they are, in the RDD's own partitions."""
@@ -207,8 +208,8 @@ class DataFrameSource(Source):
     def spark(self):
         return self.x.sparkSession
 
-    def repartitioned(self, num_workers: int) -> Source:
-        return DataFrameSource(_partitioned(self.x, self.x.rdd.getNumPartitions(), num_workers))
+    def repartitioned(self, num_workers: int, coalesce: bool = True) -> Source:
+        return DataFrameSource(_partitioned(self.x, self.x.rdd.getNumPartitions(), num_workers, coalesce))
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, *,
                        features_col: str | Sequence[str] = "features", label_col: str = "label",
@@ -217,12 +218,13 @@ class DataFrameSource(Source):
         return A.dataframe_blocks(self.x, features_col, label_col, weight_col)
 
 
-def _partitioned(x, partitions: int, num_workers: int):
-    """An RDD or DataFrame ``x`` of ``partitions`` partitions in ``num_workers``: coalesced where it has more (no
-    shuffle, and the same parent partitions in the same order on every read), repartitioned where it has fewer."""
+def _partitioned(x, partitions: int, num_workers: int, coalesce: bool = True):
+    """An RDD or DataFrame ``x`` of ``partitions`` partitions in ``num_workers``: coalesced where it has more and
+    ``coalesce`` (no shuffle, and the same parent partitions in the same order on every read), else repartitioned.
+    Spark runs no barrier stage over a coalesced RDD (its ancestors must have its number of partitions)."""
     if partitions == num_workers:
         return x
-    return x.coalesce(num_workers) if partitions > num_workers else x.repartition(num_workers)
+    return x.coalesce(num_workers) if coalesce and partitions > num_workers else x.repartition(num_workers)
 
 
 def source(x: Any, y: Any = None) -> Source:

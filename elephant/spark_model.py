@@ -292,7 +292,8 @@ class SparkModel:
         reads them from their source every epoch, which must then give the
         same rows each time. An RDD or DataFrame with more partitions than
         workers is coalesced (each worker reads several partitions in turn,
-        without a shuffle); one with fewer is repartitioned.
+        without a shuffle) where the epochs are ordinary stages; otherwise,
+        and with fewer partitions, it is repartitioned.
 
         With a Spark Connect session ``x`` must be a DataFrame: each epoch is
         one barrier stage whose first task hosts the parameter server

@@ -48,7 +48,8 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
     the bytes of one sample: counted (and the blocks checked against the
     model) by one Spark job when the data live in Spark.
     """
-    training = data.training(model, sc, settings.num_workers, args, settings.seed)
+    barrier = settings.mode == "synchronous" or settings.ps_placement == "executors"  # as ClassicRun.barrier
+    training = data.training(model, sc, settings.num_workers, args, settings.seed, barrier=barrier)
     rdd = training.rdd
     if training.samples is None:
         level = cache_level(args.cache)

@@ -107,6 +107,12 @@ def test_an_rdd_trains_in_one_partition_per_worker(requested, partitions, expect
     assert rdd.calls == expected_calls
 
 
+def test_a_barrier_fit_repartitions_rather_than_coalesces():
+    rdd = RDD(6)
+    training = source(rdd).training(tiny_model(), Context(), 2, FitArgs(), seed=0, barrier=True)
+    assert training.num_workers == 2 and rdd.calls == [("repartition", 2), ("mapPartitions", 2)]
+
+
 def test_class_weights_travel_with_the_rdds_blocks():
     rdd = RDD(2)
     source(rdd).training(tiny_model(), Context(), None, FitArgs(class_weight={0: 1.0, 1: 2.0}), seed=0)
