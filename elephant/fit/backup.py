@@ -162,7 +162,6 @@ class MidEpochBackup:
         self._stop = threading.Event()
         self._next = store.samples_applied + every
         self._thread = threading.Thread(target=self._run, name="elephant-mid-epoch-backup", daemon=True)
-        self.saves = 0
 
     def start(self) -> MidEpochBackup:
         self._thread.start()
@@ -187,7 +186,6 @@ class MidEpochBackup:
         snapshot = self.store.snapshot()
         entries = self.store.ledger()[:snapshot.ledger_size]
         self.write(snapshot, step_positions(entries, self.spec, self.pass_steps))
-        self.saves += 1
 
 
 def in_callback_order(callbacks, backup, write: Callable[[int, dict], None]) -> list:

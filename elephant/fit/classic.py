@@ -40,15 +40,15 @@ __all__ = ["ClassicRun", "training_rdd", "SHARDS_IN_PROCESSES"]
 SHARDS_IN_PROCESSES = True
 
 
-def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs):
+def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs, barrier: bool = False):
     """``(rdd_of_blocks, num_workers, validation_data_or_None)``, cached (:func:`cache_level`) and checked.
 
     The RDD's ``elephant_samples`` is the number of training samples,
     ``elephant_partition_samples`` each partition's and ``elephant_row_bytes``
     the bytes of one sample: counted (and the blocks checked against the
-    model) by one Spark job when the data live in Spark.
+    model) by one Spark job when the data live in Spark. Epochs that are
+    ``barrier`` stages get the data repartitioned, never coalesced.
     """
-    barrier = settings.mode == "synchronous" or settings.ps_placement == "executors"  # as ClassicRun.barrier
     training = data.training(model, sc, settings.num_workers, args, settings.seed, barrier=barrier)
     rdd = training.rdd
     if training.samples is None:
@@ -137,11 +137,14 @@ class ClassicRun:
         framework.ship(self.sc, framework.current_backend())  # before the first job: its Python workers are the fit's
         self.conf = dict(self.sc.getConf().getAll())  # read once: each getConf() is ~27 ms of Py4J calls
         self.devices = gpu.describe_request(self.conf)
+        #: Whether the epoch's tasks host the parameter server (else the driver does; it may be sharded).
+        self.hosted = settings.ps_placement == "executors"
         self._group = job_group  # every job of the fit runs in it, from the data's check on: Ctrl-C cancels them all
         self.sc.setJobGroup(job_group, f"elephant fit {job_group.removeprefix('elephant-')}", interruptOnCancel=True)
         try:
             with self.guard():
-                self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args)
+                self.rdd, self.num_workers, self.val = training_rdd(model, settings, self.sc, data, args,
+                                                                       self.barrier(settings.mode))
         except BaseException:
             self.sc.setLocalProperty("spark.jobGroup.id", None)
             raise
@@ -151,8 +154,6 @@ class ClassicRun:
         self._servers: list[Any] = []
         self._processes = None  # the ShardedStore whose shards serve from processes
         self._broadcast = None
-        #: Whether the epoch's tasks host the parameter server (else the driver does; it may be sharded).
-        self.hosted = settings.ps_placement == "executors"
         self._max_bodies: list[int] = []
         self._ports: list[int] = []
 
