@@ -17,17 +17,20 @@ __all__ = ["WAIT_S", "inject_fault"]
 WAIT_S = 120.0
 
 
-def inject_fault(fault: str, partition: int, step: int) -> None:
+def inject_fault(fault: str, partition: int, step: int, epoch: int = 0) -> None:
     """Fault injection for reliability tests.
 
     ``fault`` is ``"partition=P,step=S,kind=raise|exit|wait,marker=PATH"``: the first
-    time partition ``P`` reaches local step ``S`` the task fails (``wait``: stops
+    time partition ``P`` reaches local step ``S`` (of epoch ``E`` with ``epoch=E``;
+    of any epoch without) the task fails (``wait``: stops
     there until the file ``release=PATH`` exists, or for ``WAIT_S`` at most, as a
     task on a stalled executor would). The marker file makes the fault fire once
     per fit even though Spark's attempt numbers reset.
     """
     fields = dict(item.split("=", 1) for item in fault.split(",") if "=" in item)
     if int(fields.get("partition", -1)) != partition or int(fields.get("step", -1)) != step:
+        return
+    if int(fields.get("epoch", epoch)) != epoch:
         return
     marker = fields.get("marker")
     if marker:

@@ -41,6 +41,7 @@ class Training:
     validation: tuple | None = None
     partition_samples: tuple[int, ...] = ()
     row_bytes: float = 0.0
+    coalesced: bool = False  # more partitions were coalesced into ``num_workers`` (no barrier stage over them)
 
 
 class Source:
@@ -49,8 +50,9 @@ class Source:
     kind = ""  # how messages name the kind: "numpy", "an RDD", "a DataFrame"
     distributed = True  # whether the data already live in Spark (labels and weights inside ``x``)
 
-    def __init__(self, x: Any, y: Any = None):
+    def __init__(self, x: Any, y: Any = None, coalesced: bool = False):
         self.x, self.y = x, y
+        self.coalesced = coalesced  # the data's partitions were coalesced (:meth:`repartitioned`)
 
     @property
     def spark(self):
@@ -113,12 +115,12 @@ class Source:
         partition per worker, class weights turned into sample weights as Keras does. An epoch that is a
         ``barrier`` stage gets repartitioned data: Spark refuses a barrier stage over coalesced partitions."""
         num_workers = decide_workers(requested, self.available_workers(sc))
-        rdd = self.repartitioned(num_workers, coalesce=not barrier).labeled_blocks(
-            model, sc, num_workers, features_col=args.features_col, label_col=args.label_col,
-            weight_col=args.weight_col)
+        parts = self.repartitioned(num_workers, coalesce=not barrier)
+        rdd = parts.labeled_blocks(model, sc, num_workers, features_col=args.features_col, label_col=args.label_col,
+                                   weight_col=args.weight_col)
         if args.class_weight is not None:
             rdd = rdd.map(D.add_class_weights(args.class_weight))
-        return Training(rdd, num_workers)
+        return Training(rdd, num_workers, coalesced=parts.coalesced)
 
 
 class NumpySource(Source):
@@ -191,7 +193,8 @@ class RDDSource(Source):
         return self.x.getNumPartitions()
 
     def repartitioned(self, num_workers: int, coalesce: bool = True) -> Source:
-        return RDDSource(_partitioned(self.x, self.x.getNumPartitions(), num_workers, coalesce))
+        x, coalesced = _partitioned(self.x, self.x.getNumPartitions(), num_workers, coalesce)
+        return RDDSource(x, coalesced=coalesced)
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, **_: Any):
         """Records grouped into blocks, or blocks as they are, in the RDD's own partitions."""
@@ -209,7 +212,8 @@ class DataFrameSource(Source):
         return self.x.sparkSession
 
     def repartitioned(self, num_workers: int, coalesce: bool = True) -> Source:
-        return DataFrameSource(_partitioned(self.x, self.x.rdd.getNumPartitions(), num_workers, coalesce))
+        x, coalesced = _partitioned(self.x, self.x.rdd.getNumPartitions(), num_workers, coalesce)
+        return DataFrameSource(x, coalesced=coalesced)
 
     def labeled_blocks(self, model, sc, num_workers: int | None = None, *,
                        features_col: str | Sequence[str] = "features", label_col: str = "label",
@@ -218,13 +222,16 @@ class DataFrameSource(Source):
         return A.dataframe_blocks(self.x, features_col, label_col, weight_col)
 
 
-def _partitioned(x, partitions: int, num_workers: int, coalesce: bool = True):
-    """An RDD or DataFrame ``x`` of ``partitions`` partitions in ``num_workers``: coalesced where it has more and
-    ``coalesce`` (no shuffle, and the same parent partitions in the same order on every read), else repartitioned.
-    Spark runs no barrier stage over a coalesced RDD (its ancestors must have its number of partitions)."""
+def _partitioned(x, partitions: int, num_workers: int, coalesce: bool = True) -> tuple[Any, bool]:
+    """``(x', coalesced)``: an RDD or DataFrame ``x`` of ``partitions`` partitions in ``num_workers``,
+    coalesced where it has more and ``coalesce`` (no shuffle, and the same parent partitions in the same order on
+    every read), else repartitioned. Spark runs no barrier stage over a coalesced RDD (its ancestors must have its
+    number of partitions)."""
     if partitions == num_workers:
-        return x
-    return x.coalesce(num_workers) if coalesce and partitions > num_workers else x.repartition(num_workers)
+        return x, False
+    if coalesce and partitions > num_workers:
+        return x.coalesce(num_workers), True
+    return x.repartition(num_workers), False
 
 
 def source(x: Any, y: Any = None) -> Source:

@@ -196,7 +196,7 @@ class _Window:
 
     def after_step(self) -> None:
         if self.spec.fault:
-            inject_fault(self.spec.fault, self.partition, self.step)
+            inject_fault(self.spec.fault, self.partition, self.step, self.spec.epoch)
         self.samples_in_window += int(self.sizes[self.step])
         self.step += 1
         self.steps_in_window += 1
@@ -353,8 +353,10 @@ def run_partition(
     blocks: Iterable[tuple[Any, Any]],
     client,
     cores: int = 1,
+    report: bool = False,
 ) -> list[dict[str, Any]]:
-    """Train one partition for one epoch; returns ``[stats]`` for the driver.
+    """Train one partition for one epoch; returns ``[stats]`` for the driver (and, with ``report``, sends them
+    with the partition's finish, for a fit whose epochs run as one job: :mod:`elephant.fit.resident`).
 
     ``stats`` holds the partition's local training loss and metrics (means over
     its steps), ``samples``, ``steps``, ``commits``, timing figures, the
@@ -378,7 +380,7 @@ def run_partition(
     done = resumed_steps(spec, partition)
     trained = max(0, n - (spec.skip_steps + done) * spec.batch_size)  # the rows after the head and a resumed fit
     if trained == 0:
-        client.finish(spec.commit_run, spec.epoch, partition, attempt)
+        client.finish(spec.commit_run, spec.epoch, partition, attempt, *([base] if report else []))
         return [base]
     rows = task_blocks(spec, partition, blocks, n)  # seeded: a retried task replays its attempt's rows, in order
     model, optimizer_state = training_replica(spec, partition)
@@ -396,24 +398,23 @@ def run_partition(
         window.close()
         window.stepper.sync_to_model()  # the replica's optimizer state and metrics, for the next task and the stats
     keep_optimizer_state(spec, partition, share=not spec.last_epoch)  # for the partition's next epoch, anywhere
-    client.finish(spec.commit_run, spec.epoch, partition, attempt)
-    return [
-        dict(
-            base,
-            steps=window.step,
-            commits=window.commits,
-            diverged_at=window.diverged_at,
-            optimizer_state=optimizer_state,
-            learning_rate=rate,
-            logs=logs,
-            weight_sum=weight_sum,
-            weighted_keys=weighted_metric_keys(model),
-            seconds=time.perf_counter() - t_start,
-            setup_seconds=t_ready - t_start,
-            comm_seconds=window.comm_seconds,
-            pull_seconds=window.pull_seconds,
-            started_at=started_at,
-            ended_at=time.time(),
-            peak_rss=peak_rss(),
-        )
-    ]
+    stats = dict(
+        base,
+        steps=window.step,
+        commits=window.commits,
+        diverged_at=window.diverged_at,
+        optimizer_state=optimizer_state,
+        learning_rate=rate,
+        logs=logs,
+        weight_sum=weight_sum,
+        weighted_keys=weighted_metric_keys(model),
+        seconds=time.perf_counter() - t_start,
+        setup_seconds=t_ready - t_start,
+        comm_seconds=window.comm_seconds,
+        pull_seconds=window.pull_seconds,
+        started_at=started_at,
+        ended_at=time.time(),
+        peak_rss=peak_rss(),
+    )
+    client.finish(spec.commit_run, spec.epoch, partition, attempt, *([stats] if report else []))
+    return [stats]

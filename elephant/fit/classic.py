@@ -27,6 +27,8 @@ from elephant.config import FitArgs, Settings
 from elephant.fit import hosted
 from elephant.fit.epoch import collect_checked
 from elephant.fit.head import partition_head
+from elephant.fit.resident import ResidentJob, why_not
+from elephant.ps.course import Course
 from elephant.sources import Source, release
 from elephant.worker import TaskSpec
 
@@ -71,6 +73,7 @@ def training_rdd(model, settings: Settings, sc, data: Source, args: FitArgs, bar
     else:
         rdd.elephant_samples = training.samples
         rdd.elephant_partition_samples, rdd.elephant_row_bytes = training.partition_samples, training.row_bytes
+    rdd.elephant_coalesced, rdd.elephant_in_memory = training.coalesced, training.samples is not None
     return rdd, training.num_workers, training.validation
 
 
@@ -156,6 +159,9 @@ class ClassicRun:
         self._broadcast = None
         self._max_bodies: list[int] = []
         self._ports: list[int] = []
+        self._course: Course | None = None  # the server's, where one server runs in this process
+        self._shards = 1
+        self._resident: ResidentJob | None = None  # the fit's one job, where its epochs run as one
 
     def barrier(self, mode: str) -> bool:
         """Whether an epoch in ``mode`` is one barrier stage (synchronous rounds, or a server in its tasks)."""
@@ -197,6 +203,7 @@ class ClassicRun:
         sc = self.sc
         self._broadcast = sc.broadcast(model_bytes)
         self._ports = session.ps_ports(sc)
+        self._shards = len(hosted.store_shards(store))
         if self.hosted:  # the epochs' tasks start the servers, and say where in each epoch
             self._max_bodies = hosted.max_bodies(store)
             return self._broadcast, ()
@@ -206,13 +213,33 @@ class ClassicRun:
             self._processes = store  # stopped in close(), also when a shard fails to start
             urls = store.serve_in_processes(token, host, ports, threads, ports_from=session.PS_PORTS_KEY)
             return self._broadcast, urls
-        for shard in hosted.store_shards(store):  # stopped in close(), also when a later one fails
-            app = create_app(shard, token, max_body_bytes=max_body_bytes(shard.template))
+        shards = hosted.store_shards(store)
+        self._course = Course(self.num_workers) if len(shards) == 1 else None
+        for shard in shards:  # stopped in close(), also when a later one fails
+            app = create_app(shard, token, max_body_bytes=max_body_bytes(shard.template), course=self._course)
             self._servers.append(start_server(app, host, ports, threads, ports_from=session.PS_PORTS_KEY))
         return self._broadcast, tuple(server.url for server in self._servers)
 
+    def one_job(self, buffer: int | None, spark_validation: bool = False) -> bool:
+        """Whether the fit's epochs run as one Spark job (:mod:`elephant.fit.resident`; after :meth:`open`, where
+        tasks whose shuffle buffer holds ``buffer`` samples train them, and ``spark_validation`` says whether a
+        Spark job validates each epoch), logged either way."""
+        why = why_not(hosted=self.hosted, shards=self._shards,
+                      slots=session.task_slots(self.sc, self.conf), num_workers=self.num_workers,
+                      coalesced=self.rdd.elephant_coalesced, in_memory=self.rdd.elephant_in_memory,
+                      partition_samples=self.partition_samples, buffer=buffer, spark_validation=spark_validation)
+        if why is None:
+            self._resident = ResidentJob(self.sc, self.rdd, self._course)
+            log.info("the fit's epochs run as one Spark job (its tasks keep their replica and data between epochs)")
+        else:
+            log.info("a Spark job per epoch: %s", why)
+        return why is None
+
     def job(self, store, barrier: bool):
         """One try of an epoch: ``job(spec, description)`` runs the epoch's Spark job and returns its stats."""
+        if self._resident is not None:
+            return self._resident
+
         def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:
             with session.job_description(self.sc, text):
                 if not self.hosted:
@@ -236,6 +263,9 @@ class ClassicRun:
             self.sc.cancelJobGroup(self._group)
 
     def close(self) -> None:
+        resident, self._resident = self._resident, None
+        if resident is not None:  # its tasks end before their server does
+            resident.stop()
         servers, self._servers = self._servers, []
         failed = []
         processes, self._processes = self._processes, None

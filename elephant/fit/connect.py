@@ -162,6 +162,10 @@ class HostedRun:
         self._max_bodies = hosted.max_bodies(store)
         return model_bytes, ()
 
+    def one_job(self, buffer: int | None, spark_validation: bool = False) -> bool:
+        """Never: each epoch's stage hosts the server (:mod:`elephant.fit.resident` needs one on the driver)."""
+        return False
+
     def job(self, store, barrier: bool):
         """One try of an epoch: the hosted stage, whose shards' outcomes the client's store absorbs."""
         def job(spec: TaskSpec, text: str) -> list[dict[str, Any]]:

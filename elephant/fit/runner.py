@@ -54,6 +54,10 @@ class SparkSide(Protocol):
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:
         """Start serving ``store``: ``(what the tasks get as the model, the servers' urls in shard order)``."""
 
+    def one_job(self, buffer: int | None, spark_validation: bool = False) -> bool:
+        """Whether the fit's epochs run as one Spark job (decided after :meth:`open`, logged): tasks whose shuffle
+        buffers hold ``buffer`` samples, ``spark_validation`` whether a Spark job validates each epoch."""
+
     def job(self, store, barrier: bool) -> Callable[[Any, str], list[dict[str, Any]]]:
         """One try of an epoch: ``job(spec, description)`` runs the epoch's Spark job and returns its stats."""
 

@@ -6,9 +6,16 @@ Routes (every one, ``/health`` included, needs ``Authorization: Bearer <token>``
 ``GET /health``             JSON ``{"status": "ok", "run": ..., "clock": ...}``
 ``GET /weights?worker=k``   binary reply (center + clock); ``&epoch=e`` for SSP
 ``POST /commit``            binary commit in, binary reply (new center) out
-``POST /finish``            JSON ``{"run", "epoch", "partition", "attempt"}``
+``POST /finish``            JSON ``{"run", "epoch", "partition", "attempt"}``, and ``"stats"``
+                            where the app has a course (the task's report)
+``GET /course?epoch=e``     JSON: the first epoch from ``e`` on the course opened,
+                            ``{"closed": true}``, or ``{"wait": true}`` (ask again)
 ``GET /metrics``            JSON counters and staleness histogram
 ==========================  ==================================================
+
+The two course routes exist where :func:`create_app` is given a
+:class:`~elephant.ps.course.Course`: a fit whose epochs run as one Spark job
+(:mod:`elephant.fit.resident`).
 
 Errors are JSON ``{"error": reason, "type": exception class}``: 401 missing or
 wrong token, 411 no Content-Length on a body, 413 body over the limit (refused
@@ -51,6 +58,7 @@ from elephant.errors import (
     StoreClosedError,
 )
 from elephant.ps import wire
+from elephant.ps.course import Course
 from elephant.ps.encoding import Encoded
 from elephant.ps.store import Store
 
@@ -68,6 +76,8 @@ STREAMED_INTAKE = 2
 BUFFERS_OK = "elephant.buffers_ok"
 
 _BINARY = "application/octet-stream"
+#: Seconds a ``/course`` request waits for the next epoch before it answers "wait" (the task asks again).
+COURSE_WAIT_S = 5.0
 
 
 #: Status of each failure a route can raise, most specific first (the first match wins).
@@ -232,7 +242,8 @@ def max_body_bytes(template) -> int:
     return 4 * W.nbytes(template) + (1 << 20)
 
 
-def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Flask:
+def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               course: Course | None = None) -> Flask:
     """Build the parameter server's Flask app.
 
     Args:
@@ -240,6 +251,8 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         token: the run's bearer token (e.g. ``secrets.token_urlsafe(32)``).
         max_body_bytes: largest request body accepted; larger ones get 413
             before they are read. Default 1 GiB.
+        course: the epochs of a fit run as one Spark job, and their reports
+            (default None: no ``/course`` route, and a finish carries no stats).
 
     Raises:
         ConfigError: empty token or a non-positive limit.
@@ -265,13 +278,25 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     def health():
         return jsonify(status="ok", run=store.run, clock=store.clock, mode=store.mode)
 
+    finish_keys = {"run", "epoch", "partition", "attempt"}
+
     @app.post("/finish")
     def finish():
         data = request.get_json(silent=True)
-        if not isinstance(data, dict) or set(data) != {"run", "epoch", "partition", "attempt"}:
-            raise ProtocolError(f"finish expects a JSON object with run, epoch, partition, attempt; received {data!r}")
+        if not isinstance(data, dict) or not (set(data) == finish_keys or
+                                              course is not None and set(data) == finish_keys | {"stats"}):
+            raise ProtocolError("finish expects a JSON object with run, epoch, partition, attempt"
+                                f"{' (and stats)' if course is not None else ''}; received {data!r}")
         store.finish(data["run"], data["epoch"], data["partition"], data["attempt"])
+        if "stats" in data:
+            course.report(data["run"], data["epoch"], data["partition"], data["stats"])
         return jsonify(status="ok")
+
+    if course is not None:
+        @app.get("/course")
+        def next_epoch():
+            opened = course.next(int_param(request.args, "epoch"), COURSE_WAIT_S)
+            return jsonify(opened if opened is not None else {"wait": True})
 
     @app.get("/metrics")
     def metrics():

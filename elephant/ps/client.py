@@ -1,7 +1,7 @@
 """Clients of the parameter server: HTTP (:class:`PSClient`) and in-process.
 
 Both have the same methods (``health``, ``pull``, ``commit``, ``finish``,
-``metrics``, ``close``), so the worker loop never knows which one it has.
+``next_epoch``, ``metrics``, ``close``), so the worker loop never knows which one it has.
 
 :class:`PSClient` keeps its connections alive and sends with explicit
 ``(connect, read)`` timeouts. Pull, commit and finish are retried a bounded
@@ -32,6 +32,7 @@ import numpy as np
 from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError, Transient, TransportFailed
 from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps import wire
+from elephant.ps.course import Course
 from elephant.ps.store import Store
 from elephant.ps.transport import open_transport
 
@@ -166,11 +167,23 @@ class PSClient:
         body = wire.encode_commit(key, attempt, commit)
         return self._decode(self._request("POST", "/commit", what, body), template, what)
 
-    def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
-        """Tell the server that ``partition`` has no more data in ``epoch``."""
+    def finish(self, run: str, epoch: int, partition: int, attempt: int, stats: dict | None = None) -> None:
+        """Tell the server that ``partition`` has no more data in ``epoch``; ``stats``: its report to the
+        server's course (a fit run as one Spark job, :mod:`elephant.ps.course`)."""
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
         payload = {"run": run, "epoch": epoch, "partition": partition, "attempt": attempt}
-        self._request("POST", "/finish", what, json.dumps(payload).encode("utf-8"), _JSON_HEADERS)
+        if stats is not None:
+            payload["stats"] = stats
+        self._request("POST", "/finish", what, json.dumps(payload, default=plain_number).encode("utf-8"),
+                      _JSON_HEADERS)
+
+    def next_epoch(self, epoch: int) -> dict[str, Any]:
+        """The first epoch from ``epoch`` on that the server's course opens (its spec's changes, waited for),
+        or ``{"closed": True}``: the fit has no more epochs for its tasks."""
+        while True:
+            opened = _json(self._request("GET", f"/course?epoch={int(epoch)}", f"next epoch (from {epoch})"))
+            if not opened.get("wait"):
+                return opened
 
     def metrics(self) -> dict[str, Any]:
         """The server's metrics JSON (staleness histogram keys are strings)."""
@@ -209,6 +222,13 @@ def _rejected(what: str, where: str, reason: Any) -> str:
     return f"{what} rejected by {where}: {reason}"
 
 
+def plain_number(value: Any) -> Any:
+    """A numpy scalar as the Python number JSON writes (``json.dumps(default=)``)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a value of type {type(value).__name__} is not JSON")
+
+
 def _json(body: Any) -> dict[str, Any]:
     try:
         return json.loads(bytes(body))
@@ -232,8 +252,8 @@ class InProcessClient:
     like the HTTP client's 400s; stale attempts raise ``StaleAttemptError``.
     """
 
-    def __init__(self, store: Store):
-        self._store = store
+    def __init__(self, store: Store, course: Course | None = None):
+        self._store, self._course = store, course
         self.address = "in-process"
 
     def _where(self) -> str:
@@ -258,12 +278,20 @@ class InProcessClient:
         except (ProtocolError, DataError) as exc:
             raise PSError(_rejected(commit_what(key, attempt), self._where(), exc)) from None
 
-    def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
+    def finish(self, run: str, epoch: int, partition: int, attempt: int, stats: dict | None = None) -> None:
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
         try:
             self._store.finish(run, epoch, partition, attempt)
+            if stats is not None:
+                self._course.report(run, epoch, partition, json.loads(json.dumps(stats, default=plain_number)))
         except (ProtocolError, DataError) as exc:
             raise PSError(_rejected(what, self._where(), exc)) from None
+
+    def next_epoch(self, epoch: int) -> dict[str, Any]:
+        while True:
+            opened = self._course.next(epoch, 5.0)
+            if opened is not None:
+                return opened
 
     def metrics(self) -> dict[str, Any]:
         return self._store.metrics()

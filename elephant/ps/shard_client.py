@@ -262,10 +262,15 @@ class ShardedClient:
 
         return self._checked(self._join(self._fan(what, send), what), template, what)
 
-    def finish(self, run: str, epoch: int, partition: int, attempt: int) -> None:
-        """Tell every shard that ``partition`` has no more data in ``epoch``."""
+    def finish(self, run: str, epoch: int, partition: int, attempt: int, stats: dict | None = None) -> None:
+        """Tell every shard that ``partition`` has no more data in ``epoch``; ``stats`` go to shard 0 (which
+        holds the course of a fit run as one job)."""
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
-        self._fan(what, lambda i, c: c.finish(run, epoch, partition, attempt))
+        self._fan(what, lambda i, c: c.finish(run, epoch, partition, attempt, *([stats] if i == 0 and stats is not None else [])))
+
+    def next_epoch(self, epoch: int) -> dict[str, Any]:
+        """Shard 0's course: the next epoch (:meth:`~elephant.ps.client.PSClient.next_epoch`)."""
+        return self._clients[0].next_epoch(epoch)
 
     def metrics(self) -> dict[str, Any]:
         """``run``, ``mode`` and ``num_workers`` (shard 0's), the least ``clock``, ``bytes_in`` and

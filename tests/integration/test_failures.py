@@ -13,23 +13,33 @@ from elephant.errors import ConfigError, FitError
 from .helpers import accuracy, active_jobs_after, digits_model, worker_windows
 
 
-def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch):
+@pytest.mark.parametrize("one_job", [False, True], ids=["job-per-epoch", "one-job"])
+def test_retried_task_applies_no_commit_twice(spark, digits, tmp_path, monkeypatch, one_job):
+    """A job per epoch: Spark retries the failed task, whose first attempt's commits come again and are dropped.
+    One job for the fit (a barrier stage): the job fails, the epoch is rolled back and trained again by a new job."""
+    from elephant.fit import resident
+
+    monkeypatch.setattr(resident, "ONE_JOB", one_job)
     x_train, _, y_train, _ = digits
     marker = tmp_path / "fired"
     monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=6,kind=raise,marker={marker}")
     sm = SparkModel(digits_model(), mode="asynchronous", frequency=2, num_workers=2, spark=spark)
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)
     assert marker.exists(), "the fault never fired"
+    assert sm.fit_plan.get("one_job", False) is one_job
     ledger = sm.last_ledger
     keys = [tuple(entry[0]) for entry in ledger]
     duplicates = [k for k, c in Counter(keys).items() if c > 1]
     assert not duplicates
+    first, _ = worker_windows(sm, len(x_train), 2)  # the default rule splits the batch, the driver trains a head
+    assert sm.fit_plan["head_steps"] > 0 and len(keys) == 2 * first  # every window applied exactly once
+    if one_job:  # the failed try's commits were undone; the ledger holds the new try's, under its run id
+        assert sm.last_metrics["epochs_rolled_back"] == 1 and len({key[0] for key in keys}) == 1
+        return
     # partition 1 was retried: its first attempt's commits (steps 0-2) came again and were dropped
     assert sm.last_metrics["replays_dropped"] >= 3
     attempts = {entry[1] for entry in ledger if entry[0][2] == 1}
     assert len(attempts) == 2
-    first, _ = worker_windows(sm, len(x_train), 2)  # the default rule splits the batch, the driver trains a head
-    assert sm.fit_plan["head_steps"] > 0 and len(keys) == 2 * first  # every window applied exactly once
 
 
 def test_a_retried_task_streams_the_same_rows_through_a_small_shuffle_buffer(spark, digits, tmp_path, monkeypatch):
@@ -85,11 +95,12 @@ def test_failed_fit_stops_the_server_and_frees_the_port(spark, digits, monkeypat
     monkeypatch.setenv("ELEPHANT_FAULT", "partition=0,step=1,kind=raise")  # fires on every attempt
     sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
     before = sm.model.get_weights()
-    with pytest.raises(FitError, match=r"epoch 1 of 2 failed in Spark: RuntimeError: injected fault in partition 0 "
-                                       r"at step 1.*the epoch was rolled back \(\d+ commits undone.*"
+    with pytest.raises(FitError, match=r"epoch 1 of 2 failed in Spark 3 times: RuntimeError: injected fault in "
+                                       r"partition 0 at step 1.*the epoch was rolled back \(\d+ commits undone.*"
                                        r"sm.model holds the weights it had before the fit"):
         sm.fit(x_train, y_train, epochs=2, batch_size=32, verbose=0)
-    assert sm.last_metrics["epochs_rolled_back"] == 1 and sm.last_ledger == []  # asynchronous: not retried
+    # the fit's one job is a barrier stage: each try is rolled back, the epoch trained again twice (epoch_retries)
+    assert sm.last_metrics["epochs_rolled_back"] == 3 and sm.last_ledger == []
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     port = int(sm.ps_url.rsplit(":", 1)[1].split("/")[0])
     assert _port_is_free(port)
@@ -223,46 +234,34 @@ def _send_ctrl_c_when(ready, stop, poll=0.02):
     return sent
 
 
-def _tasks_running(sc) -> bool:
-    """Whether a task of some active Spark job is running now."""
-    tracker = sc.statusTracker()
-    for job in tracker.getActiveJobsIds():
-        info = tracker.getJobInfo(job)
-        for stage in info.stageIds if info is not None else ():
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is not None and stage_info.numActiveTasks > 0:
-                return True
-    return False
-
-
-def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits):
-    """T04: Ctrl-C in a notebook or script while a fit runs: sent once the second epoch's tasks are training."""
+def test_an_interrupted_fit_cancels_its_jobs_and_stops_its_server(spark, digits, tmp_path, monkeypatch):
+    """T04: Ctrl-C in a notebook or script while a fit runs: sent once a task of the second epoch holds at its fifth
+    step (a fault that waits for a file the test never writes)."""
     import time
 
     import keras
 
     x_train, _, y_train, _ = digits
-    sc, stop, sent, ended = spark.sparkContext, threading.Event(), [], []
-
-    def second_epoch_begins(epoch, logs):
-        if epoch == 1:
-            sent.append(_send_ctrl_c_when(lambda: _tasks_running(sc), stop))
-
+    sc, stop, ended = spark.sparkContext, threading.Event(), []
+    held = tmp_path / "held"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=1,step=5,epoch=1,kind=wait,marker={held},"
+                                         f"release={tmp_path / 'never'}")
+    sent = _send_ctrl_c_when(held.exists, stop)
     sm = SparkModel(digits_model(), mode="asynchronous", frequency="batch", num_workers=2, spark=spark)
     try:
         with pytest.raises(KeyboardInterrupt):
             sm.fit(x_train, y_train, epochs=500, batch_size=8, verbose=0,  # minutes, unless interrupted
-                   callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=second_epoch_begins,
-                                                              on_epoch_end=lambda epoch, logs: ended.append(epoch))])
+                   callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ended.append(epoch))])
         returned = time.monotonic()
     finally:
         stop.set()
-    assert sent and sent[0].is_set()
-    assert returned - sent[0].at < 30  # the running epoch was cancelled, not waited for
+    assert sent.is_set()
+    assert returned - sent.at < 30  # the running epoch was cancelled, not waited for
     assert ended == [0]  # the first epoch ended; the second was interrupted
     assert not [t for t in threading.enumerate() if t.name.startswith("elephant-ps")]
     assert _port_is_free(int(sm.ps_url.rsplit(":", 1)[1]))
     assert active_jobs_after(sc, 30) == []
+    monkeypatch.delenv("ELEPHANT_FAULT")
     sm.fit(x_train, y_train, epochs=1, batch_size=32, verbose=0)  # the session still trains
 
 

@@ -79,8 +79,12 @@ def test_early_stopping_stops_the_fit(spark, digits):
     assert len(history.epoch) == 2
 
 
-@pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
-def test_one_spark_job_per_epoch_over_data_cached_once(spark, digits, mode):
+@pytest.mark.parametrize("mode, one_job", [("asynchronous", True), ("synchronous", True), ("asynchronous", False)])
+def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_data_cached_once(spark, digits, mode, one_job,
+                                                                              monkeypatch):
+    from elephant.fit import resident
+
+    monkeypatch.setattr(resident, "ONE_JOB", one_job)
     x_train, _, y_train, _ = digits
     sc = spark.sparkContext
     sm = SparkModel(digits_model(), mode=mode, frequency="epoch", optimizer=None if mode == "synchronous" else "dynsgd",
@@ -92,13 +96,40 @@ def test_one_spark_job_per_epoch_over_data_cached_once(spark, digits, mode):
     watch = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: during.append(sc._jsc.getPersistentRDDs().size()))
     sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, callbacks=[watch])
     assert during == [persisted + 1] * 3  # the training blocks stay cached across epochs
+    assert sm.fit_plan.get("one_job", False) is one_job
     jobs = sc.statusTracker().getJobIdsForGroup(sm.job_group)  # every job of the fit, from its start
     head = 1 if sm.fit_plan["head_steps"] else 0  # the job that reads the rows of the driver's head
-    assert len(jobs) == 3 + head
+    assert len(jobs) == (1 if one_job else 3) + head
     stages = [sc.statusTracker().getJobInfo(j).stageIds for j in sorted(jobs)]
-    assert all(len(s) == 1 for s in stages)  # no shuffle: each epoch is one stage over the cached blocks
+    assert all(len(s) == 1 for s in stages)  # no shuffle: each job is one stage over the cached blocks
     assert sm.last_metrics["commits_applied" if mode == "asynchronous" else "rounds_applied"] == (6 if mode == "asynchronous" else 3)
+    # each partition's optimizer state: new in the first epoch, then kept by the task (one job) or by its process
+    states = [sorted(epoch.values()) for epoch in sm.last_report.optimizer_states]
+    assert states[0] == ["new", "new"] and (not one_job or states[1:] == [["kept", "kept"]] * 2)
     assert sc._jsc.getPersistentRDDs().size() == persisted  # the cached blocks are released after the fit
+
+
+def test_a_spark_job_run_by_a_callback_between_epochs_gets_the_slots_the_fits_tasks_held(spark, digits, caplog):
+    """The fit's one job holds every task slot of local[2]: a job a callback runs between epochs would wait for them
+    forever. The tasks give way (they end, and the next epoch starts a new job), and the callback's job runs."""
+    import logging
+
+    import keras
+
+    x_train, _, y_train, _ = digits
+    sc = spark.sparkContext
+    counted = []
+    count = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: counted.append(sc.parallelize(range(10), 2).count()) if e == 0 else None)
+    sm = SparkModel(digits_model(), mode="asynchronous", num_workers=2, spark=spark)
+    with caplog.at_level(logging.INFO, logger="elephant.fit.resident"):
+        sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, callbacks=[count])
+    assert counted == [10] and sm.fit_plan["one_job"]
+    assert "wait for the task slots the fit's tasks hold" in caplog.text
+    fit_jobs = [j for j in sc.statusTracker().getJobIdsForGroup(sm.job_group)
+                if len(sc.statusTracker().getJobInfo(j).stageIds) == 1]
+    head = 1 if sm.fit_plan["head_steps"] else 0
+    assert len(fit_jobs) == head + 1 + 2  # the head's, the first job, the callback's count, the job after it
 
 
 def test_a_spark_model_warms_the_python_workers_its_jobs_then_use(spark, digits):

@@ -194,8 +194,9 @@ def _fit_jobs_stages(spark, sm):
 
 @pytest.mark.parametrize("mode", ["asynchronous", "synchronous"])
 def test_more_partitions_than_workers_are_read_in_turn_without_a_shuffle_or_a_cache(spark, digits, mode):
-    """Coalesced where the epochs are ordinary stages; a barrier stage (synchronous) gets them repartitioned, as
-    Spark refuses a barrier stage over coalesced partitions."""
+    """Coalesced where the epochs are ordinary stages (asynchronous: then a job per epoch, each reading them again);
+    a barrier stage (synchronous, here the fit's one job) gets them repartitioned, as Spark refuses a barrier stage
+    over coalesced partitions."""
     from pyspark.ml.linalg import Vectors
 
     x_train, x_test, y_train, y_test = digits
@@ -205,7 +206,8 @@ def test_more_partitions_than_workers_are_read_in_turn_without_a_shuffle_or_a_ca
     sm = SparkModel(digits_model(), mode=mode, num_workers=2, spark=spark)
     sm.fit(df, epochs=4, batch_size=32, verbose=0, cache=False)  # read from its 6 partitions every epoch
     stages = _fit_jobs_stages(spark, sm)
-    assert len(stages) >= 5  # the check, the head, the epochs
+    assert sm.fit_plan.get("one_job", False) is (mode == "synchronous")
+    assert len(stages) >= (3 if mode == "synchronous" else 5)  # the check, the head, the epochs' job(s)
     assert max(stages) == (2 if mode == "synchronous" else 1)  # the repartition's shuffle stage, or none
     assert accuracy(sm.model, x_test, y_test) >= 0.85
 

@@ -156,5 +156,6 @@ def test_spark_submit_to_a_standalone_master_trains_on_its_executors(cluster):
     executor_logs = list((cluster.work_dir / app_id).glob("*/stderr"))
     assert executor_logs, f"no executor of {app_id} under {cluster.work_dir}"
     finished = sum(log.read_text(errors="replace").count("Finished task") for log in executor_logs)
-    assert finished >= 20, f"{finished} tasks finished in the executors of {app_id}"  # 20 epochs of 2 tasks, at least
+    # the data's check, the head's rows and the fit (its epochs as one job), 2 tasks each, at least
+    assert finished >= 6, f"{finished} tasks finished in the executors of {app_id}"
     print(f"standalone {cluster.url}: test accuracy {accuracy:.4f}, {app_id}, {finished} tasks in its executors")

@@ -33,7 +33,7 @@ ATTRIBUTES = sorted(typing.get_type_hints(SparkSide))
 
 def test_the_interface_names_what_the_fit_loop_uses():
     assert METHODS == ["barrier", "cancel", "check_devices", "check_slots", "close", "guard", "head_rows", "job",
-                       "open"]
+                       "one_job", "open"]
     assert ATTRIBUTES == ["devices", "hosted", "num_workers", "partition_samples", "row_bytes", "samples", "val"]
 
 
