@@ -39,7 +39,7 @@ class Course:
     def __init__(self, num_workers: int):
         self._num_workers = int(num_workers)
         self._cond = threading.Condition()
-        self._opened: dict[int, dict[str, Any]] = {}  # epoch -> the changes its tasks train with
+        self._opened: dict[int, dict[str, Any]] = {}  # the epoch open now -> the changes its tasks train with
         self._reports: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         self._closed = False
         self._failure: BaseException | None = None
@@ -47,8 +47,7 @@ class Course:
     def open(self, epoch: int, changes: dict[str, Any]) -> None:
         """Open ``epoch``: the tasks waiting after an earlier one train it with ``changes`` to their spec."""
         with self._cond:
-            self._opened = {e: c for e, c in self._opened.items() if e >= epoch - 1}  # a retry opens an epoch again
-            self._opened[int(epoch)] = dict(changes, epoch=int(epoch))
+            self._opened = {int(epoch): dict(changes, epoch=int(epoch))}  # a retry opens an epoch again
             self._failure = None
             self._cond.notify_all()
 
@@ -72,16 +71,17 @@ class Course:
             self._cond.notify_all()
 
     def next(self, epoch: int, timeout: float) -> dict[str, Any] | None:
-        """The first epoch opened from ``epoch`` on (its changes, with ``epoch``), :data:`CLOSED`, or None if
-        ``timeout`` seconds passed first (the task asks again)."""
+        """The epoch the driver waits for, once it is ``epoch`` or later (its changes, with ``epoch``), :data:`CLOSED`,
+        or None if ``timeout`` seconds passed first (the task asks again). A task Spark started again (a retried
+        stage) that asks for its job's first epoch gets the epoch being trained, never one the fit has done."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._closed:
                     return CLOSED
-                later = [e for e in self._opened if e >= epoch]
-                if later:
-                    return dict(self._opened[min(later)])
+                current = max(self._opened, default=-1)
+                if current >= epoch:
+                    return dict(self._opened[current])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None

@@ -266,7 +266,8 @@ class ShardedClient:
         """Tell every shard that ``partition`` has no more data in ``epoch``; ``stats`` go to shard 0 (which
         holds the course of a fit run as one job)."""
         what = f"finish (run {run}, epoch {epoch}, partition {partition}, attempt {attempt})"
-        self._fan(what, lambda i, c: c.finish(run, epoch, partition, attempt, *([stats] if i == 0 and stats is not None else [])))
+        reported = [] if stats is None else [stats]
+        self._fan(what, lambda i, c: c.finish(run, epoch, partition, attempt, *(reported if i == 0 else [])))
 
     def next_epoch(self, epoch: int) -> dict[str, Any]:
         """Shard 0's course: the next epoch (:meth:`~elephant.ps.client.PSClient.next_epoch`)."""

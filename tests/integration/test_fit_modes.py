@@ -109,6 +109,26 @@ def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_data_cached_once(sp
     assert sc._jsc.getPersistentRDDs().size() == persisted  # the cached blocks are released after the fit
 
 
+def test_one_job_trains_what_a_job_per_epoch_trains_to_the_bit(spark, digits, monkeypatch):
+    """Synchronous rounds are deterministic: the fit's epochs as one job end at the very weights of a job per epoch
+    (same samples in the same order, the same optimizer states, the same learning rates)."""
+    import keras
+
+    from elephant.fit import resident
+
+    x_train, _, y_train, _ = digits
+    weights = {}
+    for one_job in (True, False):
+        monkeypatch.setattr(resident, "ONE_JOB", one_job)
+        lower = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 1e-3 / (1 + epoch))
+        sm = SparkModel(digits_model(), mode="synchronous", num_workers=2, spark=spark, seed=7)
+        sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, callbacks=[lower])
+        assert sm.fit_plan.get("one_job", False) is one_job
+        weights[one_job] = sm.model.get_weights()
+    for got, want in zip(weights[True], weights[False], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_spark_job_run_by_a_callback_between_epochs_gets_the_slots_the_fits_tasks_held(spark, digits, caplog):
     """The fit's one job holds every task slot of local[2]: a job a callback runs between epochs would wait for them
     forever. The tasks give way (they end, and the next epoch starts a new job), and the callback's job runs."""

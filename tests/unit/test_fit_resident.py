@@ -34,6 +34,7 @@ def test_a_task_gets_the_first_epoch_opened_from_the_one_it_asks_for_and_closed_
     assert course.next(1, timeout=0.01) is None  # epoch 0 trained: wait for the next
     course.open(1, {"learning_rate": 0.05})
     assert course.next(1, timeout=0.01) == {"learning_rate": 0.05, "epoch": 1}
+    assert course.next(0, timeout=0.01) == {"learning_rate": 0.05, "epoch": 1}  # a restarted task: the epoch open now
     course.close()
     assert course.next(2, timeout=5.0) == CLOSED  # at once, not after the timeout
 
