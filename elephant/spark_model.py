@@ -105,10 +105,12 @@ class SparkModel:
             hides the round trip of short windows (in synchronous mode, the wait
             for the round to close as well); each delta is then one flight
             staler (docs/architecture.md).
-        epoch_retries: how many times an epoch whose synchronous (barrier)
-            Spark job failed is trained again from its start (default 2).
-            Spark does not retry a barrier stage, so a lost executor or task
-            would otherwise end the fit; asynchronous epochs are not retried
+        epoch_retries: how many times an epoch whose barrier Spark job failed
+            is trained again from its start (default 2): a synchronous epoch,
+            or any epoch of a fit whose epochs run as one job (every worker at
+            once, docs/architecture.md). Spark does not retry a barrier stage,
+            so a lost executor or task would otherwise end the fit; the
+            epochs of a job per epoch that is an ordinary stage are not retried
             here, since Spark already retried their tasks.
         on_failure: what a failed epoch leaves in the center: ``"rollback"``
             (default) returns the center and the rule's server state to the

@@ -147,13 +147,19 @@ def test_a_megabyte_model_trains_like_plain_keras_in_two_epochs(spark, wide_task
     assert decisions and "MB of weights" in decisions[0] and "ms per commit" in decisions[0]
 
 
-def test_one_worker_trains_as_model_fit_while_its_epochs_move_between_python_workers(spark, digits):
-    """Spark gives a task to the Python worker idle longest: a one-task epoch alternates between them.
-
-    The worker's Adam moments must follow the partition (elephant.replicas.training_replica):
-    with a fresh or an older state every other epoch, the weights drift away from ``model.fit``'s.
+@pytest.mark.parametrize("one_job", [False, True], ids=["job-per-epoch", "one-job"])
+def test_one_worker_trains_as_model_fit_while_its_epochs_move_between_python_workers(spark, digits, one_job,
+                                                                                     monkeypatch):
+    """Spark gives a task to the Python worker idle longest: a one-task epoch of a job per epoch alternates between
+    them, and the worker's Adam moments must follow the partition (elephant.replicas.training_replica): with a fresh
+    or an older state every other epoch, the weights drift away from ``model.fit``'s. A fit as one job keeps them in
+    its task.
     """
     import numpy as np
+
+    from elephant.fit import resident
+
+    monkeypatch.setattr(resident, "ONE_JOB", one_job)
 
     x_train, _, y_train, _ = digits
     x, y = x_train[:640], y_train[:640]
@@ -165,6 +171,9 @@ def test_one_worker_trains_as_model_fit_while_its_epochs_move_between_python_wor
     sm.fit(x, y, epochs=4, batch_size=32, shuffle=False, verbose=0)
     sources = [states[0] for states in sm.last_report.optimizer_states]
     assert sources[0] == "new" and set(sources[1:]) <= {"kept", "shared"}, sources
-    assert "shared" in sources, sources  # the epochs did move between processes (else this checks nothing)
+    if one_job:
+        assert sources[1:] == ["kept"] * 3, sources
+    else:
+        assert "shared" in sources, sources  # the epochs did move between processes (else this checks nothing)
     for got, want in zip(sm.model.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
