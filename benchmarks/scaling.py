@@ -13,7 +13,8 @@ workload is fitted four ways, from the same seeded data and initial weights, for
 * ``elephant sync, 2 workers`` and ``elephant async, 2 workers``: ``SparkModel(model, mode=..., num_workers=2)``
   with every other argument at its default, in a ``local[2]`` session (127.0.0.1, UI off,
   ``PYSPARK_PYTHON=sys.executable``) under ``taskset -c 0,1``; each task caps its backend's threads at its one core
-  (``elephant.replicas.limit_threads``).
+  (``elephant.replicas.limit_threads``). Both again with ``elephant.fit.resident.ONE_JOB = False``
+  (``..., a job per epoch``): what running the fit's epochs as one Spark job buys.
 
 How: every fit runs in a fresh process (Keras fixes its backend and thread pools at import, and a replica cached by
 an earlier fit of the same model would flatter the next one). An elephant process first fits a different, tiny
@@ -74,6 +75,8 @@ CONFIGS = {
     "plain-2": ("plain Keras, 2 cores (side figure)", 2, "plain"),
     "sync": ("elephant sync, 2 workers", 2, "synchronous"),
     "async": ("elephant async, 2 workers", 2, "asynchronous"),
+    "sync-epochs": ("elephant sync, a job per epoch", 2, "synchronous"),
+    "async-epochs": ("elephant async, a job per epoch", 2, "asynchronous"),
 }
 PARTS = ("fit start", "setup+pull", "steps", "commits", "fixed")
 
@@ -233,6 +236,10 @@ def elephant_fit(args, build, x, y) -> tuple[object, dict]:
         def on_epoch_begin(self, epoch, logs=None):
             begins.append(time.time())
 
+    if args.config.endswith("-epochs"):  # the fit's epochs as a job each, as before they ran as one job
+        from elephant.fit import resident
+
+        resident.ONE_JOB = False
     sm = SparkModel(build(), mode=CONFIGS[args.config][2], num_workers=2, spark=spark)
     loop.run_epoch = recorded
     try:
