@@ -4,8 +4,10 @@ A job per epoch pays, every epoch, Spark's launch and return of a stage, each
 task's set-up (its spec unpickled, its replica found, its optimizer state
 read from the executor's files) and the read of its partition from the
 cache. Where every worker can run at once (the job is one barrier stage) and
-each task can hold its partition (numpy shards, or a partition its shuffle
-buffer holds whole anyway), the fit runs its epochs as one job instead:
+each task can hold its partition (numpy shards, or a partition of at most
+half its shuffle buffer's samples, so that the partition held and the
+buffer's shuffled copy stay within the buffer's bytes), the fit runs its
+epochs as one job instead:
 
 1. the driver starts the job (:class:`ResidentJob`) on a thread of its own,
    with the first epoch's :class:`~elephant.worker.TaskSpec`;
@@ -106,9 +108,9 @@ def why_not(*, hosted: bool, shards: int, slots: int, num_workers: int, coalesce
     if spark_validation:
         return "validation_data in Spark is evaluated by a Spark job of its own after each epoch"
     largest = max(partition_samples, default=0)
-    if not in_memory and buffer is not None and largest > buffer:
-        return (f"a partition ({largest} samples) is larger than a task's shuffle buffer ({buffer} samples): each "
-                "epoch streams it again from Spark's cache")
+    if not in_memory and buffer is not None and 2 * largest > buffer:
+        return (f"a partition ({largest} samples) is larger than half a task's shuffle buffer ({buffer} samples), "
+                "so a task cannot hold it beside the buffer: each epoch streams it again from Spark's cache")
     return None
 
 

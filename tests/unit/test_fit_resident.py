@@ -103,12 +103,12 @@ def test_a_server_without_a_course_refuses_stats_and_has_no_course_route():
     ({"shards": 2}, "split into 2 shards"),
     ({"slots": 1}, "1 task slots cannot run the 2 workers at once"),
     ({"coalesced": True}, "coalesced"),
-    ({"buffer": 99}, r"a partition \(100 samples\) is larger than a task's shuffle buffer \(99 samples\)"),
+    ({"buffer": 199}, r"a partition \(100 samples\) is larger than half a task's shuffle buffer \(199 samples\)"),
     ({"buffer": 99, "in_memory": True}, None),  # numpy shards: the task holds them anyway
 ])
 def test_why_a_fit_runs_a_job_per_epoch(changes, why):
     args = dict(hosted=False, shards=1, slots=2, num_workers=2, coalesced=False, in_memory=False,
-                partition_samples=(100, 90), buffer=100)
+                partition_samples=(100, 90), buffer=200)
     found = why_not(**dict(args, **changes))
     assert (found is None) if why is None else (found is not None and __import__("re").search(why, found))
 
