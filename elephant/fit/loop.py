@@ -287,9 +287,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
         elif plan.hosted:
             log.info("parameter server for run %s in the first %d task(s) of each epoch (%d workers, mode=%s, "
                      "optimizer=%r, window=%s)", run, shards, num_workers, mode, rule, plan.window)
-        if runner.one_job(buffer, spark_validation=isinstance(validate, SparkValidation)):
-            barrier = True  # a barrier stage: a failed task fails the job, and the epoch is trained again
-            report.plan["one_job"] = True
+        report.plan["one_job"] = runner.one_job(buffer, spark_validation=isinstance(validate, SparkValidation))
+        barrier = barrier or report.plan["one_job"]  # one barrier stage: a failed task fails it, the epoch is retried
         sharded = {"ps_urls": tuple(urls), "shard_plan": store.plan.as_data()} if shards > 1 else {}
         cbks.on_train_begin()
         metrics_before = store.metrics()

@@ -8,8 +8,8 @@ Routes (every one, ``/health`` included, needs ``Authorization: Bearer <token>``
 ``POST /commit``            binary commit in, binary reply (new center) out
 ``POST /finish``            JSON ``{"run", "epoch", "partition", "attempt"}``, and ``"stats"``
                             where the app has a course (the task's report)
-``GET /course?epoch=e``     JSON: the first epoch from ``e`` on the course opened,
-                            ``{"closed": true}``, or ``{"wait": true}`` (ask again)
+``GET /course?epoch=e``     JSON: the epoch the course has open, once it is ``e`` or
+                            later; ``{"closed": true}``; or ``{"wait": true}`` (ask again)
 ``GET /metrics``            JSON counters and staleness histogram
 ==========================  ==================================================
 
