@@ -34,7 +34,7 @@ in its own process and session, so that both are measured under the same load.
 
 Usage::
 
-    python benchmarks/epoch_cost.py [--epochs 8] [--repeats 2] [--base DIR] [--profile]
+    python benchmarks/epoch_cost.py [--epochs 8] [--repeats 2] [--base DIR | --job-per-epoch] [--profile]
 
 Writes ``benchmarks/results/epoch_cost.json`` (``--output`` names another stem).
 """
@@ -236,6 +236,11 @@ def child(args) -> dict:
     import elephant
     from elephant.session import local_session
 
+    if args.job_per_epoch:  # every epoch a Spark job of its own, as before a fit's epochs ran as one job
+        from elephant.fit import resident
+
+        resident.ONE_JOB = False
+
     spark = local_session("local[2]", "elephant-bench-epoch-cost")
     spark.sparkContext.setLogLevel("ERROR")
     data = digits_split()
@@ -302,6 +307,9 @@ def main() -> None:
     parser.add_argument("--base", help="another checkout of elephant to measure side by side ('base')")
     parser.add_argument("--profile", action="store_true", help="one more fit under cProfile on the driver")
     parser.add_argument("--output", default="epoch_cost", help="file stem under benchmarks/results")
+    parser.add_argument("--job-per-epoch", action="store_true",
+                        help="measure this checkout with a Spark job per epoch (elephant.fit.resident.ONE_JOB = "
+                             "False), alternating with its fit as one job")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     passed = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
@@ -310,11 +318,13 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
     checkouts = {"this": ROOT} if not args.base else {"base": os.path.abspath(args.base), "this": ROOT}
+    if args.job_per_epoch:  # the same checkout twice: a job per epoch, and its fit as one job
+        checkouts = {"per epoch": ROOT, "one job": ROOT}
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {label: [] for label in checkouts}
     for repeat in range(args.repeats):
         for label, path in (checkouts.items() if repeat % 2 == 0 else reversed(checkouts.items())):
-            result = run_child(path, passed)
+            result = run_child(path, passed + (["--job-per-epoch"] if label == "per epoch" else []))
             runs[label].append(result)
             fits = ", ".join(f"{f['workers']}w {statistics.median(r['total'] for r in f['epochs'][1:]):.3f}s"
                              for f in result["fits"])
