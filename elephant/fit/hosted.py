@@ -39,6 +39,7 @@ import numpy as np
 from elephant import arrow as A
 from elephant import checkpoint, session
 from elephant.errors import PSError
+from elephant.ps.client import plain_number
 from elephant.worker import TaskSpec
 
 __all__ = ["Hosting", "ShardStart", "absorb_results", "decode_result", "encode_result", "epoch_hosting",
@@ -165,13 +166,6 @@ def absorb_results(store, encoded: Sequence[bytes], rule_module: str) -> list[di
     return [stats for r in results for stats in r[0]]
 
 
-def _plain(value: Any) -> Any:
-    """numpy scalars as Python numbers, for JSON."""
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"a value of type {type(value).__name__}")
-
-
 def encode_result(stats: list[dict], served) -> bytes:
     """A task's stats and (a hosting task's) ``(shard, store outcome)`` as bytes: a JSON header, then the arrays.
 
@@ -189,7 +183,7 @@ def encode_result(stats: list[dict], served) -> bytes:
             "center": len(outcome.center), "shard": shard,
         }
         arrays = list(outcome.center) + state_arrays
-    text = json.dumps(header, default=_plain).encode()
+    text = json.dumps(header, default=plain_number).encode()
     return len(text).to_bytes(4, "little") + text + A.pack_arrays(arrays)
 
 

@@ -123,14 +123,12 @@ class HeldBlocks:
 
     def blocks(self) -> Iterator[tuple]:
         """This pass's blocks, in the partition's order."""
-        if self._source is None:
-            yield from self._held
-            return
-        yield from self._held  # what an earlier pass that stopped early (a diverged one) read
-        for block in self._source:
-            self._held.append(block)
-            yield block
-        self._source = None
+        yield from self._held  # every block after the first pass; before, what a pass that stopped early read
+        if self._source is not None:
+            for block in self._source:
+                self._held.append(block)
+                yield block
+            self._source = None
 
     def complete(self) -> None:
         """Read what a pass left unread (it stopped early), so the next pass sees the whole partition."""
@@ -202,7 +200,7 @@ class ResidentJob:
     def __call__(self, spec: TaskSpec, text: str) -> list[dict[str, Any]]:
         with self._lock:  # the watcher closes the course between epochs only
             self._between.clear()
-            restart = self._give_way or self._yielded or self._thread is None or not self._thread.is_alive()
+            restart = self._give_way or self._thread is None or not self._thread.is_alive()  # yielded: gave way
         if restart or not same_job(self._spec, spec):
             self.stop()
             self._start(spec, text)

@@ -58,7 +58,7 @@ from elephant.errors import (
     StoreClosedError,
 )
 from elephant.ps import wire
-from elephant.ps.course import Course
+from elephant.ps.course import WAIT_S, Course
 from elephant.ps.encoding import Encoded
 from elephant.ps.store import Store
 
@@ -76,8 +76,6 @@ STREAMED_INTAKE = 2
 BUFFERS_OK = "elephant.buffers_ok"
 
 _BINARY = "application/octet-stream"
-#: Seconds a ``/course`` request waits for the next epoch before it answers "wait" (the task asks again).
-COURSE_WAIT_S = 5.0
 
 
 #: Status of each failure a route can raise, most specific first (the first match wins).
@@ -295,7 +293,7 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     if course is not None:
         @app.get("/course")
         def next_epoch():
-            opened = course.next(int_param(request.args, "epoch"), COURSE_WAIT_S)
+            opened = course.next(int_param(request.args, "epoch"), WAIT_S)
             return jsonify(opened if opened is not None else {"wait": True})
 
     @app.get("/metrics")

@@ -32,7 +32,7 @@ import numpy as np
 from elephant.errors import ConfigError, DataError, PSError, ProtocolError, StaleAttemptError, Transient, TransportFailed
 from elephant.protocol import Commit, CommitKey, Reply
 from elephant.ps import wire
-from elephant.ps.course import Course
+from elephant.ps.course import WAIT_S, Course
 from elephant.ps.store import Store
 from elephant.ps.transport import open_transport
 
@@ -289,7 +289,7 @@ class InProcessClient:
 
     def next_epoch(self, epoch: int) -> dict[str, Any]:
         while True:
-            opened = self._course.next(epoch, 5.0)
+            opened = self._course.next(epoch, WAIT_S)
             if opened is not None:
                 return opened
 

@@ -23,10 +23,12 @@ from typing import Any
 
 from elephant.errors import ProtocolError
 
-__all__ = ["Course", "CLOSED"]
+__all__ = ["Course", "CLOSED", "WAIT_S"]
 
 #: What :meth:`Course.next` returns once the course is closed: the task ends.
 CLOSED = {"closed": True}
+#: Seconds a task's request for the next epoch waits before it is answered "ask again".
+WAIT_S = 5.0
 
 
 class Course:
