@@ -23,7 +23,8 @@ from elephant.errors import ConfigError
 SETTINGS_MEMBER = "elephant.json"
 
 __all__ = [
-    "model_to_bytes", "model_from_bytes", "fingerprint", "model_fingerprint", "structure_fingerprint",
+    "model_to_bytes", "model_from_bytes", "optimizer_values_from_bytes", "fingerprint", "model_fingerprint",
+    "structure_fingerprint",
     "save_with_settings", "load_with_settings",
 ]
 
@@ -46,6 +47,24 @@ def model_from_bytes(data: bytes, custom_objects: Mapping[str, Any] | None = Non
         with open(path, "wb") as f:
             f.write(data)
         return _load(keras, path, custom_objects)
+
+
+def optimizer_values_from_bytes(data: bytes) -> list:
+    """The optimizer variables a :func:`model_to_bytes` archive holds, as numpy, in the order of the rebuilt
+    model's ``optimizer.variables`` (the order Keras saves them in); ``[]`` where it holds none.
+
+    Read from the archive's weights file without rebuilding the model, so that a replica traced for another fit of
+    the same structure can start from this fit's optimizer state (:func:`elephant.replicas.training_model`)."""
+    import io
+
+    import h5py
+    import numpy as np
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        weights = archive.read("model.weights.h5")
+    with h5py.File(io.BytesIO(weights), "r") as store:
+        saved = store.get("optimizer/vars")
+        return [] if saved is None else [np.array(saved[str(i)]) for i in range(len(saved))]
 
 
 def _load(keras, path: str, custom_objects):
@@ -78,18 +97,21 @@ def model_fingerprint(model) -> str:
 
 
 def structure_fingerprint(model, *, settable_rate: bool = False) -> str:
-    """A content hash of what a training replica keeps from one fit to the next.
+    """A content hash of what a training replica keeps from one fit to the next: its traced train step.
 
-    Architecture, compile settings and the optimizer's variables, but not the
-    model's weights: every training task overwrites those with the center it
-    pulls. Two fits of models that differ only in their weights (a notebook cell
-    run again, a benchmark's seeds) can therefore share a rebuilt replica and its
-    traced train step (see :func:`elephant.replicas.training_model`).
+    Architecture, compile settings and the shapes and dtypes of the
+    optimizer's variables, but neither the model's weights (every training task
+    overwrites them with the center it pulls) nor the optimizer's values (a fit
+    that takes over a replica loads its own from its archive). Fits of models
+    that differ only in their weights or their optimizer's state (a notebook cell
+    run again, a benchmark's seeds, a sweep's trials, a fit after the driver's
+    head) therefore share a rebuilt replica and its traced train step (see
+    :func:`elephant.replicas.training_model`).
 
     With ``settable_rate`` the optimizer's learning rate is left out too (its
-    compile setting and its variable): for a fit whose tasks set the rate
-    themselves (``TaskSpec.learning_rate``, given whenever the rate is a number,
-    not a schedule), so that a sweep over learning rates shares replicas. Default False.
+    compile setting): for a fit whose tasks set the rate themselves
+    (``TaskSpec.learning_rate``, given whenever the rate is a number, not a
+    schedule), so that a sweep over learning rates shares replicas. Default False.
     """
     import numpy as np
 
@@ -98,18 +120,10 @@ def structure_fingerprint(model, *, settable_rate: bool = False) -> str:
         architecture = _without_learning_rate(architecture)
     digest = hashlib.sha256(b"structure:" + json.dumps(architecture, sort_keys=True).encode())
     optimizer = getattr(model, "optimizer", None)
-    for v in getattr(optimizer, "variables", None) or []:
-        if settable_rate and _is_learning_rate(v):
-            continue
+    for v in getattr(optimizer, "variables", None) or []:  # their names hold the layers' automatic names: not those
         value = np.asarray(v)
-        digest.update(str((v.path.partition("/")[2], value.shape, value.dtype)).encode())  # path minus the optimizer's name
-        digest.update(np.ascontiguousarray(value).tobytes())
+        digest.update(str((value.shape, value.dtype)).encode())
     return digest.hexdigest()[:16]
-
-
-def _is_learning_rate(variable) -> bool:
-    """Whether an optimizer variable is its learning rate (``adam/learning_rate``, an inner optimizer's too)."""
-    return variable.path.rpartition("/")[2] == "learning_rate"
 
 
 def _without_learning_rate(config: dict) -> dict:

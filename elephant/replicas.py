@@ -12,8 +12,9 @@ also leaves its optimizer state in the executor's files folder for that one
 (:func:`training_replica`). A later fit of a model with the same structure
 (a notebook cell run again, a benchmark's next seed) reuses the replica and its
 traced train step, which saves seconds per fit, but never its optimizer state:
-each fit starts from the optimizer variables the replica was built with, and a
-fit that alternates with another on the same replica gets its own back. Models
+each fit starts from the optimizer variables its own archive holds (the state
+the driver's head left, or a model trained before), and a fit that alternates
+with another on the same replica gets its own back. Models
 fitted with custom objects get a replica per fit (their code may have changed).
 
 Inference (:mod:`elephant.inference`) keeps its models in the same bounded
@@ -158,31 +159,51 @@ def _assign_optimizer(model, values) -> None:
 
 
 def _replica(spec) -> _Replica:
-    from elephant.model_io import model_from_bytes
-
     key = spec.structure or f"{spec.fingerprint}/{spec.run}"
     replica = _REPLICAS.get(key)
+    start = None  # a new fit's optimizer state on a replica built for another: from its own archive
+    if replica is not None and replica.run != spec.run and spec.run not in replica.saved:
+        start = _archived_start(spec, replica.initial)
+        if start is None:  # the archive's optimizer differs from the replica's (it was not built): a replica of its own
+            replica = None
     if replica is None:
-        model = model_from_bytes(_value(spec.model_bytes), spec.custom_objects)
-        for change in (spec.local_moment, spec.local_momentum):  # before the train step is traced, which reads
-            if change is not None:                                # the decays as constants
-                change.apply(model.optimizer)
-        if not model.optimizer.built:  # as the first train step would, so the slots exist to save and restore
-            model.optimizer.build(model.trainable_variables)
-        replica = _REPLICAS[key] = _Replica(model, _optimizer_values(model))
+        replica = _REPLICAS[key] = _built_replica(spec)
         while len(_REPLICAS) > _REPLICAS_SIZE:
             _REPLICAS.popitem(last=False)
         log.debug("built training replica %s", key)
+        start = replica.initial
     _REPLICAS.move_to_end(key)
     if replica.run != spec.run:
         if replica.run is not None:
             replica.saved[replica.run] = (replica.version, _optimizer_values(replica.model))
             while len(replica.saved) > _SAVED_RUNS:
                 replica.saved.popitem(last=False)
-        replica.version, values = replica.saved.pop(spec.run, (None, replica.initial))
+        replica.version, values = replica.saved.pop(spec.run, (None, start))
         _assign_optimizer(replica.model, values)
         replica.run = spec.run
     return replica
+
+
+def _built_replica(spec) -> _Replica:
+    from elephant.model_io import model_from_bytes
+
+    model = model_from_bytes(_value(spec.model_bytes), spec.custom_objects)
+    for change in (spec.local_moment, spec.local_momentum):  # before the train step is traced, which reads
+        if change is not None:                                # the decays as constants
+            change.apply(model.optimizer)
+    if not model.optimizer.built:  # as the first train step would, so the slots exist to save and restore
+        model.optimizer.build(model.trainable_variables)
+    return _Replica(model, _optimizer_values(model))
+
+
+def _archived_start(spec, like: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The optimizer state ``spec``'s archive holds, where it fits a replica whose variables are ``like``."""
+    from elephant.model_io import optimizer_values_from_bytes
+
+    values = optimizer_values_from_bytes(_value(spec.model_bytes))
+    if len(values) != len(like) or any(v.shape != w.shape or v.dtype != w.dtype for v, w in zip(values, like)):
+        return None
+    return values
 
 
 def training_model(spec):
@@ -190,9 +211,9 @@ def training_model(spec):
 
     Built at most once per process and ``spec.structure``; without a structure,
     once per process and fit (``spec.fingerprint`` and ``spec.run``). The first task of a fit on a replica saves the
-    previous fit's optimizer variables and loads its own (the ones the replica
-    was built with, for a new fit), so sharing a replica never leaks optimizer
-    state between fits.
+    previous fit's optimizer variables and loads its own (those its archive holds,
+    :func:`~elephant.model_io.optimizer_values_from_bytes`), so sharing a replica
+    never leaks optimizer state between fits.
     """
     return _replica(spec).model
 

@@ -131,6 +131,13 @@ def _hostable(optimizer) -> bool:
     return why is None
 
 
+def _read_once(broadcast):
+    """A driver's broadcast's value, without keeping the copy pyspark caches on the broadcast when it reads it."""
+    value = broadcast.value
+    vars(broadcast).pop("_value", None)
+    return value
+
+
 class ClassicRun:
     """The Spark side of a fit in a classic session (see the module's docstring)."""
 
@@ -179,12 +186,17 @@ class ClassicRun:
 
     def head_rows(self, key: str | None, epoch: int, steps: int, batch_size: int,
                   buffer: int | None = None) -> list[tuple]:
-        """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: one job over
-        the cached blocks, each partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch``
-        (shuffled through ``buffer`` samples)."""
-        with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"), self.guard():
-            heads = self.rdd.mapPartitionsWithIndex(partition_head(key, epoch, steps, batch_size, buffer))
-            found = collect_checked(heads.collect)
+        """Every partition's rows of the driver's head (:mod:`elephant.fit.head`) in partition order: each
+        partition's first ``steps`` batches of ``batch_size`` as its task orders ``epoch`` (shuffled through
+        ``buffer`` samples), read by one job over the cached blocks (numpy input: from the driver's broadcasts)."""
+        rows = partition_head(key, epoch, steps, batch_size, buffer)
+        shipped = getattr(self.rdd, "elephant_broadcasts", None)
+        if shipped:  # numpy input: the driver reads the blocks it shipped, the very ones each task reads, without a job
+            found = [head for i, broadcast in enumerate(shipped) for head in rows(i, [_read_once(broadcast)])]
+        else:
+            with session.job_description(self.sc, "elephant fit: the rows of the first epoch's first steps"), \
+                    self.guard():
+                found = collect_checked(self.rdd.mapPartitionsWithIndex(rows).collect)
         return [part for _, part in sorted(found, key=lambda item: item[0])]
 
     def open(self, store, token: str, job_group: str, model_bytes: bytes) -> tuple[Any, tuple[str, ...]]:

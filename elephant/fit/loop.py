@@ -25,7 +25,8 @@ from elephant import data as D
 from elephant import framework, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
-from elephant.fit.backup import MidEpochBackup, in_callback_order, resume_from_backup, save_backup, save_inside
+from elephant.fit.backup import (MidEpochBackup, built_optimizer, in_callback_order, resume_from_backup, save_backup,
+                                 save_inside)
 from elephant.fit.epoch import run_epoch
 from elephant.fit.head import HeldState, train_head
 from elephant.fit.plan import FitPlan, plan_fit
@@ -249,6 +250,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     key = shuffle_key(settings.seed, model.get_weights())
     # none in a resumed fit (nor a ramp); one resumed inside its first epoch skips the head it had trained
     head = plan.head_steps if initial_epoch == args.initial_epoch and resume.positions is None else 0
+    built_optimizer(model)  # its archive holds every optimizer variable: a shared replica starts from them
+    structure = replica_structure(model, custom_objects)
     held = HeldState(model) if head else None  # given back if the fit fails before its first epoch ends
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
@@ -260,7 +263,6 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
             raise
     store = _make_store(model, settings, plan, mode, run, rule_state)
     fingerprint = model_fingerprint(model)
-    structure = "" if head else replica_structure(model, custom_objects)  # a shared replica keeps its own start
     if structure and plan.learning_rate_scale != 1.0 and settable_learning_rate(model.optimizer) is None:
         structure += f"; rate x{plan.learning_rate_scale:.6g}"  # a replica's schedule is wrapped at that scale
     for change in (plan.local_moment, plan.local_momentum):  # a replica's optimizer traced with the workers' decays

@@ -98,8 +98,7 @@ def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_data_cached_once(sp
     assert during == [persisted + 1] * 3  # the training blocks stay cached across epochs
     assert sm.fit_plan.get("one_job", False) is one_job
     jobs = sc.statusTracker().getJobIdsForGroup(sm.job_group)  # every job of the fit, from its start
-    head = 1 if sm.fit_plan["head_steps"] else 0  # the job that reads the rows of the driver's head
-    assert len(jobs) == (1 if one_job else 3) + head
+    assert len(jobs) == (1 if one_job else 3)  # numpy input: the driver reads its head's rows without a job
     stages = [sc.statusTracker().getJobInfo(j).stageIds for j in sorted(jobs)]
     assert all(len(s) == 1 for s in stages)  # no shuffle: each job is one stage over the cached blocks
     assert sm.last_metrics["commits_applied" if mode == "asynchronous" else "rounds_applied"] == (6 if mode == "asynchronous" else 3)
@@ -129,6 +128,32 @@ def test_one_job_trains_what_a_job_per_epoch_trains_to_the_bit(spark, digits, mo
         np.testing.assert_array_equal(got, want)
 
 
+def test_the_driver_reads_the_head_rows_of_numpy_input_that_its_tasks_would_read(spark, digits):
+    """The head's rows of numpy shards come from the driver's broadcasts, without a Spark job: the very rows a job
+    over the cached blocks gives (each partition's first batches, in the seeded order of its task's pass)."""
+    from elephant.config import FitArgs, Settings
+    from elephant.fit.classic import ClassicRun
+    from elephant.sources import source
+
+    x_train, _, y_train, _ = digits
+    sc = spark.sparkContext
+    run = ClassicRun(digits_model(), Settings(num_workers=2, seed=3), spark, source(x_train, y_train), FitArgs(),
+                     "elephant-test-head-rows")
+    try:
+        jobs = len(sc.statusTracker().getJobIdsForGroup("elephant-test-head-rows"))
+        on_driver = run.head_rows("a-key", 0, 3, 16, 64)
+        assert len(sc.statusTracker().getJobIdsForGroup("elephant-test-head-rows")) == jobs
+        shipped, run.rdd.elephant_broadcasts = run.rdd.elephant_broadcasts, ()  # as data in Spark: one job
+        in_spark = run.head_rows("a-key", 0, 3, 16, 64)
+        run.rdd.elephant_broadcasts = shipped  # destroyed by close()
+    finally:
+        run.close()
+    assert len(on_driver) == len(in_spark) == 2 and all(len(part[0]) == 48 for part in on_driver)
+    for mine, theirs in zip(on_driver, in_spark, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_a_spark_job_run_by_a_callback_between_epochs_gets_the_slots_the_fits_tasks_held(spark, digits, caplog):
     """The fit's one job holds every task slot of local[2]: a job a callback runs between epochs would wait for them
     forever. The tasks give way (they end, and the next epoch starts a new job), and the callback's job runs."""
@@ -148,8 +173,7 @@ def test_a_spark_job_run_by_a_callback_between_epochs_gets_the_slots_the_fits_ta
     assert "wait for the task slots the fit's tasks hold" in caplog.text
     fit_jobs = [j for j in sc.statusTracker().getJobIdsForGroup(sm.job_group)
                 if len(sc.statusTracker().getJobInfo(j).stageIds) == 1]
-    head = 1 if sm.fit_plan["head_steps"] else 0
-    assert len(fit_jobs) == head + 1 + 2  # the head's, the first job, the callback's count, the job after it
+    assert len(fit_jobs) == 1 + 2  # the first job, the callback's count, the job after it
 
 
 def test_a_spark_model_warms_the_python_workers_its_jobs_then_use(spark, digits):
