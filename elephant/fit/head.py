@@ -28,8 +28,11 @@ training data (:func:`gather_head`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -118,18 +121,64 @@ class HeldState:
             variable.assign(value)
 
 
-def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int, global_batch: int | None = None) -> int:
+def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int, global_batch: int | None = None,
+               structure: str = "") -> int:
     """Train the compiled ``model`` with its own optimizer on the head's global batches (:func:`global_batches` of
     each partition's head rows, ``batch_size`` the workers' batch, ``global_batch`` the user's); returns the steps
-    trained."""
+    trained.
+
+    With a ``structure`` (:func:`elephant.fit.loop.replica_structure`) the steps run on a copy of the model kept for
+    that structure, whose train step an earlier fit traced: it takes the model's weights and optimizer state, trains,
+    and gives them back, so that a sweep's trials and a notebook's new models skip the trace (``""``: the model
+    itself)."""
     parts = [p for p in parts if p and D.num_samples(p[0]) > 0]
     t0 = time.perf_counter()
+    trainer = _take_replica(model, structure) if structure else model
     trained = 0
-    for batch in global_batches(parts, steps, batch_size, global_batch):
-        x, y, w = D.unpack(batch)
-        model.train_on_batch(x, y, sample_weight=w)
-        trained += 1
+    try:
+        for batch in global_batches(parts, steps, batch_size, global_batch):
+            x, y, w = D.unpack(batch)
+            trainer.train_on_batch(x, y, sample_weight=w)
+            trained += 1
+        if trainer is not model:
+            _copy_state(trainer, model)
+    finally:
+        if trainer is not model:
+            _give_back(structure, trainer)
     log.info("the first %d steps of the first epoch trained on the driver on the global batch (%.2fs); the "
              "workers train the rest of it", trained, time.perf_counter() - t0)
     return trained
+
+
+_REPLICAS: OrderedDict[str, Any] = OrderedDict()  # structure -> a compiled copy no running fit holds
+_REPLICAS_SIZE = 2
+_REPLICAS_LOCK = threading.Lock()  # a sweep runs fits in threads: each takes a replica of its own
+
+
+def _take_replica(model, structure: str):
+    """A compiled copy of ``model`` for ``structure`` (an idle one kept from an earlier fit, else a new one),
+    holding ``model``'s weights and optimizer state."""
+    from elephant.model_io import model_from_bytes, model_to_bytes
+
+    with _REPLICAS_LOCK:
+        replica = _REPLICAS.pop(structure, None)
+    if replica is None:
+        replica = model_from_bytes(model_to_bytes(model))
+        built_optimizer(replica)
+    _copy_state(model, replica)
+    return replica
+
+
+def _give_back(structure: str, replica) -> None:
+    with _REPLICAS_LOCK:
+        _REPLICAS[structure] = replica
+        while len(_REPLICAS) > _REPLICAS_SIZE:
+            _REPLICAS.popitem(last=False)
+
+
+def _copy_state(source, target) -> None:
+    """``target`` holds ``source``'s weights and optimizer variables (two models of one structure)."""
+    target.set_weights(source.get_weights())
+    for variable, value in zip(target.optimizer.variables, built_optimizer(source).variables, strict=True):
+        variable.assign(value)
 

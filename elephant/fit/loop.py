@@ -257,7 +257,7 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
         order_key = (key or run) if args.shuffle else None
         try:
             train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size, buffer), head,
-                       plan.worker_batch_size, plan.head_batch_size)
+                       plan.worker_batch_size, plan.head_batch_size, structure)
         except BaseException:
             held.restore()
             raise

@@ -106,6 +106,46 @@ def test_the_head_trains_what_plain_keras_trains_on_the_global_batches():
     assert int(head.optimizer.iterations) == 3  # the workers start from this optimizer state (in the archive)
 
 
+def test_heads_of_one_structure_train_on_one_kept_copy_as_each_model_itself_would():
+    """A sweep's trials and a notebook's new models: the head trains a copy kept for the structure, traced once,
+    and each model ends with the very weights and optimizer state it would have trained itself."""
+    from elephant.fit.loop import replica_structure
+
+    x, y = _data(48)
+    parts = [(x[:24], y[:24]), (x[24:], y[24:])]
+    H._REPLICAS.clear()
+    copies = []
+    for seed, rate in ((0, 1e-2), (1, 3e-2)):
+        model, itself = _model(seed, keras.optimizers.Adam(rate)), _model(seed, keras.optimizers.Adam(rate))
+        structure = replica_structure(model, None)
+        H.train_head(model, parts, steps=3, batch_size=4, structure=structure)
+        H.train_head(itself, parts, steps=3, batch_size=4)
+        copies.append(H._REPLICAS[structure])
+        assert copies[-1] is not model
+        for a, b in zip(model.get_weights(), itself.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(model.optimizer.variables, itself.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert model.train_function is None  # the model itself was never traced
+    assert copies[0] is copies[1] and len(H._REPLICAS) == 1  # the second fit's head reused the first's copy
+
+
+def test_a_head_that_fails_gives_its_copy_back_and_leaves_the_model_as_it_was():
+    from elephant.fit.loop import replica_structure
+
+    x, y = _data(48)
+    model = _model(2)
+    structure = replica_structure(model, None)
+    H._REPLICAS.clear()
+    before = model.get_weights()
+    bad = [(x[:24, :2], y[:24])]  # features of the wrong width: the copy's first step fails
+    with pytest.raises(ValueError):
+        H.train_head(model, bad, steps=3, batch_size=4, structure=structure)
+    assert structure in H._REPLICAS  # a later fit takes it
+    for a, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_task_trains_the_rows_the_head_left_of_its_pass(shuffle, monkeypatch):
     """The head's rows of a partition (partition_head) and the rows its task trains after skip_steps are the
