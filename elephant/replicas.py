@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -246,18 +247,37 @@ def training_replica(spec, partition: int) -> tuple[Any, str]:
     return replica.model, "new" if replica.version is None else "stale"
 
 
-def keep_optimizer_state(spec, partition: int, share: bool = True) -> None:
+def keep_optimizer_state(spec, partition: int, share: bool = True, background: bool = False) -> None:
     """After ``partition``'s task of ``spec.epoch`` succeeded: note it and, with ``share``, leave it for the executor.
 
     Writing costs about 4.5 ms per MB of optimizer state (an Adam state of a
-    17 MB model: 76 ms per task and epoch); the fit's last epoch skips it.
+    17 MB model: 76 ms per task and epoch); the fit's last epoch skips it. With
+    ``background`` (a task that trains the partition's next epoch itself, in a
+    fit run as one job) the state is copied here and written by a thread while
+    the next epoch trains: only a retried job's task in another Python worker
+    reads it. One write is in flight per process; the next waits for it.
     """
+    global _WRITER
     replica = _replica(spec)
     replica.version = (partition, spec.epoch)
-    if share:
-        _write_state(spec.run, partition, spec.epoch, _optimizer_values(replica.model))
+    if not share:
+        return
+    values = _optimizer_values(replica.model)  # copies: the next epoch's steps do not change them
+    _wait_for_write()
+    if not background:
+        _write_state(spec.run, partition, spec.epoch, values)
+        return
+    _WRITER = threading.Thread(target=_write_state, args=(spec.run, partition, spec.epoch, values),
+                               name="elephant-optimizer-state", daemon=True)
+    _WRITER.start()
 
 
+def _wait_for_write() -> None:
+    if _WRITER is not None:
+        _WRITER.join()
+
+
+_WRITER: threading.Thread | None = None  # the background write in flight (keep_optimizer_state)
 _STATE_RUNS = 8  # fits whose optimizer states an executor keeps on disk (least recently written dropped)
 _STATE_WARNED = False
 
@@ -303,6 +323,8 @@ def _write_state(run: str, partition: int, epoch: int, values: list[np.ndarray])
 def _read_state(run: str, partition: int, epoch: int, like: list[np.ndarray]) -> list[np.ndarray] | None:
     """``partition``'s optimizer state at the end of ``epoch`` of ``run``, if this executor holds it intact."""
     from safetensors import safe_open
+
+    _wait_for_write()  # this process's own, if it is the one wanted
 
     path = _state_path(run, partition, epoch)
     try:

@@ -397,7 +397,8 @@ def run_partition(
     finally:
         window.close()
         window.stepper.sync_to_model()  # the replica's optimizer state and metrics, for the next task and the stats
-    keep_optimizer_state(spec, partition, share=not spec.last_epoch)  # for the partition's next epoch, anywhere
+    # for the partition's next epoch, anywhere; in a fit run as one job, written while this task trains it
+    keep_optimizer_state(spec, partition, share=not spec.last_epoch, background=report)
     stats = dict(
         base,
         steps=window.step,

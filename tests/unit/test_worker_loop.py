@@ -34,7 +34,7 @@ class RecordingClient:
         self.commits.append((key, commit.num_steps, commit.num_samples))
         return self.store.commit(key, attempt, commit)
 
-    def finish(self, run, epoch, partition, attempt):
+    def finish(self, run, epoch, partition, attempt, stats=None):  # stats: a task's report in a fit run as one job
         self.finished.append((run, epoch, partition, attempt))
         self.store.finish(run, epoch, partition, attempt)
 
@@ -243,6 +243,34 @@ def test_a_partitions_next_epoch_in_another_python_worker_continues_its_optimize
     assert int(replica.optimizer.iterations.numpy()) == 3 * 4  # Adam's step count went on: no restart
     for got, want in zip(moved.center(), same.center(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_task_that_trains_its_next_epoch_itself_writes_its_state_in_the_background(linear_data, monkeypatch):
+    """A fit run as one job: the task's state is copied at the epoch's end and written while it goes on; a reader in
+    the same process waits for the write, and a retried job's task in another process reads it as usual."""
+    import threading
+
+    model = _adam_model(6)
+    spec = dataclasses.replace(_spec(model_to_bytes(model), "background", window=2, epoch=0), shuffle=False)
+    release, written = threading.Event(), []
+    write = replicas._write_state
+
+    def slow_write(run, partition, epoch, values):
+        assert release.wait(10)
+        write(run, partition, epoch, values)
+        written.append(epoch)
+
+    monkeypatch.setattr(replicas, "_write_state", slow_write)
+    worker.run_partition(spec, 0, 0, [linear_data], RecordingClient(_store(model, "background")), report=True)
+    assert written == []  # the task returned with its write in flight
+    at_end = [np.array(v) for v in replicas.training_model(spec).optimizer.variables]
+    release.set()
+    _new_process()  # a retried job's task of epoch 1 in another Python worker
+    replicas._wait_for_write()
+    assert written == [0]
+    stats, replica = _one_epoch(spec.model_bytes, _store(model, "background"), "background", 1, linear_data)
+    assert stats["optimizer_state"] == "shared"
+    assert int(replica.optimizer.iterations.numpy()) == int(at_end[0]) + 4
 
 
 def test_without_the_executors_copy_a_moved_task_restarts_its_moments(linear_data, tmp_path, monkeypatch):
