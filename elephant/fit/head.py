@@ -21,8 +21,9 @@ the ramp of that factor.
 
 The head is :data:`HEAD_STEPS` steps at most and half of a worker's pass at most
 (a short epoch keeps most of its steps on the workers); it costs the driver those
-steps of plain training, and the fit one more Spark job over the cached
-training data (:func:`gather_head`).
+steps of plain training (on a copy kept per model structure, traced once:
+:func:`train_head`), and, for data in Spark, one more Spark job over the cached
+training data (numpy input: the driver reads its own broadcasts).
 """
 
 from __future__ import annotations
