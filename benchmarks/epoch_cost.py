@@ -23,7 +23,10 @@ validation, timing every epoch. Each elephant epoch is split as:
 * ``to next``: from there to the next epoch's first callback.
 
 The worker's bounds come from the ``started_at``/``ended_at`` its partition
-stats carry (wall clocks, one machine). The first epoch (tracing) is left out
+stats carry (wall clocks, one machine). Where the driver's validation overlaps
+the next epoch (a fit as one job, ``fit_plan["validation_overlap"]``), that
+epoch's tasks start before the driver reaches its job: its ``launch`` is
+negative by as much. The first epoch (tracing) is left out
 of the medians; ``fit start`` and ``fit end`` are the call to the first epoch
 and the last epoch to the return. With ``--profile`` one more fit runs under
 cProfile on the driver's thread and its top functions are printed.

@@ -77,7 +77,8 @@ _NOT_RETRIED = ("DataError", "ConfigError", "FitError", "ProtocolError")
 
 
 def run_epoch(store, job: Callable[[Any, str], list[dict[str, Any]]], spec, *, epochs: int, barrier: bool,
-              settings: Settings, model, interrupted: threading.Event | None = None) -> list[dict[str, Any]]:
+              settings: Settings, model, interrupted: threading.Event | None = None,
+              snapshot: Any = None) -> list[dict[str, Any]]:
     """One epoch's Spark job, ``job(spec, description)``, as a transaction; returns the partitions' stats.
 
     If the job fails, the store returns to the epoch's start (center, rule
@@ -85,14 +86,15 @@ def run_epoch(store, job: Callable[[Any, str], list[dict[str, Any]]], spec, *, e
     tasks, and a barrier epoch is trained again, up to
     ``settings.epoch_retries`` times: Spark retries failed tasks of an ordinary
     stage itself, but never a barrier stage. With ``settings.on_failure ==
-    "keep"`` nothing is rolled back or retried: ``model`` takes the partial center.
+    "keep"`` nothing is rolled back or retried: ``model`` takes the partial center. ``snapshot``: the store's
+    state at the epoch's start, where the epoch was opened before this call (None: taken here).
 
     Raises:
         FitError: the epoch failed for good (the last Spark error is its cause).
         KeyboardInterrupt: Ctrl-C cancelled the job (``interrupted`` is set); nothing
             is rolled back, as for an interrupt anywhere else in the fit.
     """
-    snapshot = store.snapshot()
+    snapshot = store.snapshot() if snapshot is None else snapshot
     tries = 0
     while True:
         try:

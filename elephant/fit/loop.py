@@ -33,6 +33,7 @@ from elephant.fit.plan import FitPlan, plan_fit
 from elephant.fit.progress import (LiveProgress, aggregate_logs, batch_hook_warning, callback_list, staleness_mean,
                                    task_devices, validates_after)
 from elephant.fit.report import FitReport
+from elephant.fit.resident import ResidentJob, overlaps_validation
 from elephant.fit.runner import SparkSide
 from elephant.fit.validation import SparkValidation, Validation
 from elephant.model_io import model_fingerprint, model_to_bytes, structure_fingerprint
@@ -295,11 +296,18 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
         cbks.on_train_begin()
         metrics_before = store.metrics()
         rate = settable_learning_rate(model.optimizer)
-        for epoch in range(initial_epoch, epochs):
-            cbks.on_epoch_begin(epoch)
-            rate = follow_learning_rate(model.optimizer, rate, store)
-            t0 = time.perf_counter()
-            spec = TaskSpec(
+        job = runner.job(store, barrier)
+        ahead = None  # the next epoch's (spec, store snapshot, samples applied), opened while the driver validates
+        overlap = isinstance(job, ResidentJob) and validate is not None and not isinstance(validate, SparkValidation)
+        if overlap:
+            why = overlaps_validation(args.callbacks, bool(inside))
+            if why is not None:
+                log.info("each epoch's validation runs between the epochs: %s", why)
+            overlap = why is None
+        report.plan["validation_overlap"] = overlap
+
+        def epoch_spec(epoch: int, rate: float | None) -> TaskSpec:
+            return TaskSpec(
                 run=run, epoch=epoch, model_bytes=model_bytes, fingerprint=fingerprint,
                 optimizer=rule, window=plan.window, batch_size=plan.worker_batch_size, mode=mode,
                 ps_url=url, token=token, read_timeout=settings.read_timeout + 30.0,
@@ -314,9 +322,16 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 local_moment=plan.local_moment, local_momentum=plan.local_momentum, shuffle_buffer=buffer,
                 partition_samples=runner.partition_samples, **sharded,
             )
+
+        for epoch in range(initial_epoch, epochs):
+            cbks.on_epoch_begin(epoch)
+            rate = follow_learning_rate(model.optimizer, rate, store)
+            t0 = time.perf_counter()
+            spec, start, since = ahead if ahead is not None else (epoch_spec(epoch, rate), None, None)
+            ahead = None
             # trained by the driver's head, before the job, and by a resumed fit before it stopped
             head_samples = spec.skip_steps * args.batch_size + sum(spec.resume_steps) * spec.batch_size
-            progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples).start()
+            progress = LiveProgress(cbks._progbar, store, steps, samples, done=head_samples, since=since).start()
             saver = None
             if inside:
                 def write_inside(snapshot, positions, epoch=epoch, skip=spec.skip_steps):
@@ -329,8 +344,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 validate.warm_up()  # the first pass's set-up, while the driver waits for the job
             try:
                 with runner.guard() as interrupted:
-                    results = run_epoch(store, runner.job(store, barrier), spec, epochs=epochs, barrier=barrier,
-                                        settings=settings, model=model, interrupted=interrupted)
+                    results = run_epoch(store, job, spec, epochs=epochs, barrier=barrier, settings=settings,
+                                        model=model, interrupted=interrupted, snapshot=start)
             finally:
                 progress.stop()
                 if saver is not None:
@@ -351,16 +366,20 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
             plan = _recheck(plan, results, report)
             model.set_weights(store.center())
             held = None  # an epoch ended: a later failure leaves the model at its center
-            if validate is not None and validates_after(epoch, args.validation_freq):
-                logs.update({f"val_{k}": v for k, v in validate().items()})
             metrics_after = store.metrics()
             if mode != "synchronous":
                 mean_tau = staleness_mean(metrics_before, metrics_after)
                 if mean_tau is not None:
                     logs["staleness"] = mean_tau
             metrics_before = metrics_after
-            log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
             diverged = sorted(r["partition"] for r in results if r.get("diverged_at") is not None)
+            validating = validate is not None and validates_after(epoch, args.validation_freq)
+            if overlap and validating and not diverged and epoch + 1 < epochs:  # nothing after this can change it
+                ahead = (epoch_spec(epoch + 1, rate), store.snapshot(), store.samples_applied)
+                job.open_ahead(ahead[0], f"elephant fit {run}: epoch {epoch + 2} of {epochs}")
+            if validating:
+                logs.update({f"val_{k}": v for k, v in validate().items()})
+            log.info("epoch %d: %d partitions, %.2fs, %s", epoch + 1, len(results), time.perf_counter() - t0, logs)
             cbks.on_epoch_end(epoch, logs)  # the backup is written among them (write_backup)
             if diverged:
                 # The server refuses non-finite updates, so the center stays finite; going on
@@ -372,6 +391,9 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
                 )
                 model.stop_training = True
             if model.stop_training:
+                if ahead is not None:  # opened for nothing: its commits are undone and its tasks cancelled
+                    store.rollback(ahead[1], f"{ahead[0].run}.e{epoch + 1}stopped")
+                    runner.cancel()
                 break
         cbks.on_train_end()
         if backup is not None and backup.delete_checkpoint:

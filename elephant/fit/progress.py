@@ -58,18 +58,21 @@ class LiveProgress:
     samples), never the last one: :meth:`stop`, then the epoch's end, finish the
     line with the epoch's logs, as ``model.fit`` does. Only ``verbose=1`` shows it.
     ``done``: samples of the epoch trained before its job (the driver's head,
-    :mod:`elephant.fit.head`), counted from the start.
+    :mod:`elephant.fit.head`), counted from the start; ``since``: the store's
+    ``samples_applied`` where the epoch began, if it began before :meth:`start`
+    (None: at the start).
     """
 
-    def __init__(self, progbar, store, steps: int, samples: int, interval: float = 0.5, done: int = 0):
+    def __init__(self, progbar, store, steps: int, samples: int, interval: float = 0.5, done: int = 0,
+                 since: int | None = None):
         self._progbar, self._store, self._steps, self._samples = progbar, store, steps, max(samples, 1)
-        self._interval, self._done_before = interval, done
+        self._interval, self._done_before, self._since = interval, done, since
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> LiveProgress:
         if self._progbar is not None and self._progbar.verbose == 1 and self._steps > 1:
-            self._start_samples = self._store.samples_applied
+            self._start_samples = self._store.samples_applied if self._since is None else self._since
             self._thread = threading.Thread(target=self._run, name="elephant-progress", daemon=True)
             self._thread.start()
         return self

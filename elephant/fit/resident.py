@@ -20,7 +20,10 @@ epochs as one job instead:
    the center into the model, validation, every Keras callback in order,
    then opens the next epoch with what changed (:data:`EPOCH_FIELDS`: a
    learning rate a callback set, a re-decided window...); closing the
-   course ends the tasks and the job.
+   course ends the tasks and the job. Where no callback can change the
+   next epoch (:func:`overlaps_validation`), the driver opens it before
+   it validates the epoch that ended, so the tasks train while it
+   validates (:meth:`ResidentJob.open_ahead`).
 
 The epoch stays a transaction (:func:`~elephant.fit.epoch.run_epoch`): a task
 that fails fails the barrier stage, the job's failure reaches the driver as
@@ -44,13 +47,21 @@ from elephant.worker import TaskSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EPOCH_FIELDS", "ONE_JOB", "HeldBlocks", "ResidentJob", "epoch_changes", "starved_jobs", "train_resident",
-           "why_not"]
+__all__ = ["EPOCH_FIELDS", "ONE_JOB", "OVERLAP_VALIDATION", "PASSIVE_CALLBACKS", "HeldBlocks", "ResidentJob",
+           "epoch_changes", "overlaps_validation", "starved_jobs", "train_resident", "why_not"]
 
 #: Whether a fit whose conditions allow it (:func:`why_not`) runs its epochs as one job (True, the default) or a job
 #: per epoch (False). A module setting, not a fit argument: it changes how the epochs are launched, never what they
 #: train; a job per epoch is kept to compare against and for Spark's own retry of a failed task.
 ONE_JOB = True
+
+#: Whether a fit run as one job opens its next epoch before the driver validates the epoch that ended, where nothing
+#: the user passed can change the next epoch (:func:`overlaps_validation`): the tasks train while the driver validates.
+OVERLAP_VALIDATION = True
+
+#: Keras' callbacks that only read the model and the logs at an epoch's end (the exact classes, not subclasses): with
+#: none but these, what the driver does between two epochs cannot change the next one.
+PASSIVE_CALLBACKS = ("History", "ProgbarLogger", "CSVLogger", "ModelCheckpoint", "TensorBoard", "RemoteMonitor")
 
 #: The fields of a :class:`~elephant.worker.TaskSpec` that may change from one epoch of a fit to the next: what the
 #: driver opens each epoch with. A spec that differs from the job's in any other field needs a new job.
@@ -114,6 +125,23 @@ def why_not(*, hosted: bool, shards: int, slots: int, num_workers: int, coalesce
     return None
 
 
+def overlaps_validation(callbacks: Sequence[Any] | None, inside_saves: bool) -> str | None:
+    """Why the driver's validation of an epoch cannot overlap the next epoch's training, or None where it can.
+
+    It can where the next epoch is decided before the validation: every callback the user passed is one of
+    Keras' :data:`PASSIVE_CALLBACKS` (a callback of any other kind may set the learning rate, stop the fit or read
+    the server), and no backup is written inside the epochs (``BackupAndRestore(save_freq=N)``)."""
+    if not OVERLAP_VALIDATION:
+        return "elephant.fit.resident.OVERLAP_VALIDATION is False"
+    if inside_saves:
+        return "BackupAndRestore saves inside the epochs"
+    for callback in callbacks or ():
+        kind = type(callback)
+        if not (kind.__module__.startswith("keras.") and kind.__name__ in PASSIVE_CALLBACKS):
+            return f"the callback {kind.__name__} may change the next epoch"
+    return None
+
+
 class HeldBlocks:
     """A partition's blocks: read from Spark's iterator on the first pass, and kept for the passes after it."""
 
@@ -138,8 +166,9 @@ class HeldBlocks:
 
 
 def train_resident(spec: TaskSpec, partition: int, attempt: int, blocks: Iterable[tuple], client,
-                   cores: int) -> int:
-    """One task of a fit run as one job: every epoch the driver opens on the course, until it closes it.
+                   cores: int, job: int | None = None) -> int:
+    """One task of a fit run as one job (the course's ``job``): every epoch the driver opens on the course, until
+    it closes it, or starts another job.
 
     Returns the epochs trained.
     """
@@ -148,7 +177,7 @@ def train_resident(spec: TaskSpec, partition: int, attempt: int, blocks: Iterabl
     held = HeldBlocks(blocks)
     epoch, trained = spec.epoch, 0
     while True:
-        opened = client.next_epoch(epoch)
+        opened = client.next_epoch(epoch, job)
         if opened == CLOSED:
             return trained
         here = applied(spec, opened)
@@ -157,8 +186,9 @@ def train_resident(spec: TaskSpec, partition: int, attempt: int, blocks: Iterabl
         epoch, trained = here.epoch + 1, trained + 1
 
 
-def _job(rdd, spec: TaskSpec):
-    """The Spark job of a fit run from ``spec``'s epoch on: one barrier stage, a task per partition."""
+def _job(rdd, spec: TaskSpec, job: int):
+    """The Spark job of a fit run from ``spec``'s epoch on: one barrier stage, a task per partition, whose tasks
+    ask the course for the epochs of ``job`` (its generation)."""
     def task(iterator):
         from pyspark import BarrierTaskContext
 
@@ -166,7 +196,7 @@ def _job(rdd, spec: TaskSpec):
 
         ctx = BarrierTaskContext.get()
         with connect_shards(spec.shard_urls, spec.token, spec.shard_plan, read_timeout=spec.read_timeout) as client:
-            yield train_resident(spec, ctx.partitionId(), ctx.taskAttemptId(), iterator, client, ctx.cpus())
+            yield train_resident(spec, ctx.partitionId(), ctx.taskAttemptId(), iterator, client, ctx.cpus(), job)
 
     return rdd.barrier().mapPartitions(task)
 
@@ -195,9 +225,27 @@ class ResidentJob:
         self._yielded = False  # the course was closed for it between epochs (the tasks have ended)
         self._before: set[int] = set()  # the active jobs when the job started
         self._ours: set[int] | None = None  # the job's id (and any begun with it), known once it trained an epoch
+        self._ahead: TaskSpec | None = None  # the epoch opened ahead of the driver's call (open_ahead)
         self.jobs = 0  # the jobs started (1 for a fit that never failed nor gave way)
 
     def __call__(self, spec: TaskSpec, text: str) -> list[dict[str, Any]]:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not spec:
+            self._begin(spec, text)
+        reports = self.course.wait_reports(spec.commit_run, spec.epoch)
+        if self._ours is None:  # the job has trained an epoch: it is among the active jobs begun since it started
+            self._ours = set(self.sc.statusTracker().getActiveJobsIds()) - self._before
+        self._between.set()
+        return reports
+
+    def open_ahead(self, spec: TaskSpec, text: str) -> None:
+        """Open ``spec``'s epoch before the driver's call for it, which then only waits for its reports: the tasks
+        train it while the driver validates the epoch before (:func:`overlaps_validation`)."""
+        self._begin(spec, text)
+        self._ahead = spec
+
+    def _begin(self, spec: TaskSpec, text: str) -> None:
+        """Open ``spec``'s epoch, on the running job where it can train it, else on a new one."""
         with self._lock:  # the watcher closes the course between epochs only
             self._between.clear()
             restart = self._give_way or self._thread is None or not self._thread.is_alive()  # yielded: gave way
@@ -205,20 +253,15 @@ class ResidentJob:
             self.stop()
             self._start(spec, text)
         self.course.open(spec.epoch, epoch_changes(spec))
-        reports = self.course.wait_reports(spec.commit_run, spec.epoch)
-        if self._ours is None:  # the job has trained an epoch: it is among the active jobs begun since it started
-            self._ours = set(self.sc.statusTracker().getActiveJobsIds()) - self._before
-        self._between.set()
-        return reports
 
     def _start(self, spec: TaskSpec, text: str) -> None:
         from pyspark import InheritableThread  # the fit's job group reaches the job
 
-        stage = _job(self.rdd, spec)
-        description = text.replace(f"epoch {spec.epoch + 1} of", f"epochs {spec.epoch + 1}.. of")
-        self.course.restart()
         self._spec, self.jobs, self._yielded, self._give_way = spec, self.jobs + 1, False, False
         generation = self.jobs
+        stage = _job(self.rdd, spec, generation)
+        description = text.replace(f"epoch {spec.epoch + 1} of", f"epochs {spec.epoch + 1}.. of")
+        self.course.restart(generation)  # a task of a failed job that still waits is told to end
         self._before, self._ours = set(self.sc.statusTracker().getActiveJobsIds()), None
 
         def run() -> None:

@@ -9,7 +9,8 @@ Routes (every one, ``/health`` included, needs ``Authorization: Bearer <token>``
 ``POST /finish``            JSON ``{"run", "epoch", "partition", "attempt"}``, and ``"stats"``
                             where the app has a course (the task's report)
 ``GET /course?epoch=e``     JSON: the epoch the course has open, once it is ``e`` or
-                            later; ``{"closed": true}``; or ``{"wait": true}`` (ask again)
+                            later; ``{"closed": true}`` (also for a task of an earlier
+                            job, ``&job=j``); or ``{"wait": true}`` (ask again)
 ``GET /metrics``            JSON counters and staleness histogram
 ==========================  ==================================================
 
@@ -293,7 +294,7 @@ def create_app(store: Store, token: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     if course is not None:
         @app.get("/course")
         def next_epoch():
-            opened = course.next(int_param(request.args, "epoch"), WAIT_S)
+            opened = course.next(int_param(request.args, "epoch"), WAIT_S, int_param(request.args, "job", None))
             return jsonify(opened if opened is not None else {"wait": True})
 
     @app.get("/metrics")

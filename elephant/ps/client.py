@@ -177,11 +177,13 @@ class PSClient:
         self._request("POST", "/finish", what, json.dumps(payload, default=plain_number).encode("utf-8"),
                       _JSON_HEADERS)
 
-    def next_epoch(self, epoch: int) -> dict[str, Any]:
+    def next_epoch(self, epoch: int, job: int | None = None) -> dict[str, Any]:
         """The first epoch from ``epoch`` on that the server's course opens (its spec's changes, waited for),
-        or ``{"closed": True}``: the fit has no more epochs for its tasks."""
+        or ``{"closed": True}``: the fit has no more epochs for its tasks, or none for a task of ``job`` (the
+        course's job generation, :meth:`~elephant.ps.course.Course.restart`) where another has started."""
+        query = f"/course?epoch={int(epoch)}" + ("" if job is None else f"&job={int(job)}")
         while True:
-            opened = _json(self._request("GET", f"/course?epoch={int(epoch)}", f"next epoch (from {epoch})"))
+            opened = _json(self._request("GET", query, f"next epoch (from {epoch})"))
             if not opened.get("wait"):
                 return opened
 
@@ -287,9 +289,9 @@ class InProcessClient:
         except (ProtocolError, DataError) as exc:
             raise PSError(_rejected(what, self._where(), exc)) from None
 
-    def next_epoch(self, epoch: int) -> dict[str, Any]:
+    def next_epoch(self, epoch: int, job: int | None = None) -> dict[str, Any]:
         while True:
-            opened = self._course.next(epoch, WAIT_S)
+            opened = self._course.next(epoch, WAIT_S, job)
             if opened is not None:
                 return opened
 

@@ -45,6 +45,7 @@ class Course:
         self._reports: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         self._closed = False
         self._failure: BaseException | None = None
+        self._job = 0  # the job whose tasks train now (restart); a task of an earlier one is told to end
 
     def open(self, epoch: int, changes: dict[str, Any]) -> None:
         """Open ``epoch``: the tasks waiting after an earlier one train it with ``changes`` to their spec."""
@@ -53,11 +54,12 @@ class Course:
             self._failure = None
             self._cond.notify_all()
 
-    def restart(self) -> None:
-        """Start over for a new job: no epoch opened, no failure, not closed (reports of earlier tries stay apart
-        under their run ids)."""
+    def restart(self, job: int = 0) -> None:
+        """Start over for a new ``job``: no epoch opened, no failure, not closed (reports of earlier tries stay apart
+        under their run ids). A task of an earlier job that still asks (Spark ends a failed barrier stage's other
+        tasks only when they return) is told the course is closed, so it ends and frees its task slot."""
         with self._cond:
-            self._opened, self._closed, self._failure = {}, False, None
+            self._opened, self._closed, self._failure, self._job = {}, False, None, int(job)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -72,14 +74,15 @@ class Course:
             self._failure = exc
             self._cond.notify_all()
 
-    def next(self, epoch: int, timeout: float) -> dict[str, Any] | None:
+    def next(self, epoch: int, timeout: float, job: int | None = None) -> dict[str, Any] | None:
         """The epoch the driver waits for, once it is ``epoch`` or later (its changes, with ``epoch``), :data:`CLOSED`,
         or None if ``timeout`` seconds passed first (the task asks again). A task Spark started again (a retried
-        stage) that asks for its job's first epoch gets the epoch being trained, never one the fit has done."""
+        stage) that asks for its job's first epoch gets the epoch being trained, never one the fit has done. A task
+        of another ``job`` than the one :meth:`restart` started gets :data:`CLOSED` (None: any job)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                if self._closed:
+                if self._closed or (job is not None and job != self._job):
                     return CLOSED
                 current = max(self._opened, default=-1)
                 if current >= epoch:

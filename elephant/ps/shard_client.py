@@ -269,9 +269,9 @@ class ShardedClient:
         reported = [] if stats is None else [stats]
         self._fan(what, lambda i, c: c.finish(run, epoch, partition, attempt, *(reported if i == 0 else [])))
 
-    def next_epoch(self, epoch: int) -> dict[str, Any]:
+    def next_epoch(self, epoch: int, job: int | None = None) -> dict[str, Any]:
         """Shard 0's course: the next epoch (:meth:`~elephant.ps.client.PSClient.next_epoch`)."""
-        return self._clients[0].next_epoch(epoch)
+        return self._clients[0].next_epoch(epoch, job)
 
     def metrics(self) -> dict[str, Any]:
         """``run``, ``mode`` and ``num_workers`` (shard 0's), the least ``clock``, ``bytes_in`` and

@@ -196,6 +196,23 @@ def test_a_failed_synchronous_epoch_is_rolled_back_and_trained_again(spark, digi
     assert accuracy(sm.model, x_test, y_test) > 0.8
 
 
+def test_an_epoch_that_fails_while_the_driver_validates_the_one_before_is_rolled_back_and_trained_again(
+        spark, digits, tmp_path, monkeypatch):
+    """The second epoch, opened while the driver validates the first (validation_data, no callback), fails once: it is
+    rolled back to the start it was opened at, and trained again; every commit is in the center once."""
+    x_train, x_test, y_train, y_test = digits
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("ELEPHANT_FAULT", f"partition=0,step=3,epoch=1,kind=raise,marker={marker}")
+    sm = SparkModel(digits_model(lr=3e-3), mode="synchronous", frequency=2, num_workers=2, spark=spark)
+    history = sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, validation_data=(x_test, y_test))
+    assert marker.exists(), "the fault never fired"
+    assert sm.fit_plan["validation_overlap"] and sm.last_metrics["epochs_rolled_back"] == 1
+    keys = [(k[1], k[2], k[3]) for k, _ in sm.last_ledger]
+    first, later = worker_windows(sm, len(x_train), 2)
+    assert len(keys) == len(set(keys)) == 2 * (first + 2 * later)  # 2 workers' windows: 3 epochs, each once
+    assert len(history.history["val_loss"]) == 3 and accuracy(sm.model, x_test, y_test) > 0.8
+
+
 def history_run(sm):
     return sm.job_group.removeprefix("elephant-")
 

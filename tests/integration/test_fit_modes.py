@@ -128,6 +128,25 @@ def test_one_job_trains_what_a_job_per_epoch_trains_to_the_bit(spark, digits, mo
         np.testing.assert_array_equal(got, want)
 
 
+def test_validation_that_overlaps_the_next_epoch_changes_nothing_it_validates_or_trains(spark, digits, monkeypatch):
+    """With no callback that could change the next epoch, the tasks train it while the driver validates the one that
+    ended: the same weights to the bit, the same validation figures, in one job."""
+    from elephant.fit import resident
+
+    x_train, x_test, y_train, y_test = digits
+    runs = {}
+    for overlap in (True, False):
+        monkeypatch.setattr(resident, "OVERLAP_VALIDATION", overlap)
+        sm = SparkModel(digits_model(), mode="synchronous", num_workers=2, spark=spark, seed=11)
+        history = sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, validation_data=(x_test, y_test))
+        assert sm.fit_plan["one_job"] and sm.fit_plan["validation_overlap"] is overlap
+        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(sm.job_group)) == 1
+        runs[overlap] = (sm.model.get_weights(), history.history)
+    for got, want in zip(runs[True][0], runs[False][0], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert runs[True][1] == runs[False][1]  # loss, accuracy and val_* of every epoch
+
+
 def test_the_driver_reads_the_head_rows_of_numpy_input_that_its_tasks_would_read(spark, digits):
     """The head's rows of numpy shards come from the driver's broadcasts, without a Spark job: the very rows a job
     over the cached blocks gives (each partition's first batches, in the seeded order of its task's pass)."""

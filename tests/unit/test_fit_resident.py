@@ -73,6 +73,24 @@ def test_a_failed_job_wakes_the_driver_with_its_error_and_a_restart_clears_it():
     assert course.wait_reports("run.e0t1", 0) == [{"p": 0}, {"p": 1}]
 
 
+def test_a_task_of_a_failed_job_still_waiting_is_told_to_end_when_the_next_job_starts():
+    """Spark ends a failed barrier stage's other tasks only when they return: one that trained its epoch and waits
+    for the next would hold its task slot, and the next job's barrier stage would never start."""
+    course = Course(2)
+    course.restart(1)
+    course.open(0, {})
+    assert course.next(0, timeout=0.01, job=1) == {"epoch": 0}
+    got = []
+    zombie = threading.Thread(target=lambda: got.append(course.next(1, timeout=30.0, job=1)))
+    zombie.start()
+    course.restart(2)  # the job failed; the driver starts the epoch's next try as job 2
+    zombie.join(5.0)
+    assert got == [CLOSED]
+    course.open(0, {})
+    assert course.next(0, timeout=0.01, job=2) == {"epoch": 0}
+    assert course.next(0, timeout=0.01, job=1) == CLOSED
+
+
 def test_the_server_serves_the_course_and_takes_the_stats_with_a_finish():
     store = Store([np.zeros(3, np.float32)], O.Downpour(), "asynchronous", 2, "run")
     course = Course(2)
@@ -86,6 +104,8 @@ def test_the_server_serves_the_course_and_takes_the_stats_with_a_finish():
     assert course.wait_reports("run", 0) == [{"steps": 6}, {"steps": 7}]
     refused = client.get("/course?epoch=-1", headers=AUTH)
     assert refused.status_code == 400 and "epoch" in refused.get_json()["error"]
+    course.restart(3)
+    assert client.get("/course?epoch=0&job=2", headers=AUTH).get_json() == CLOSED  # a task of an earlier job
 
 
 def test_a_server_without_a_course_refuses_stats_and_has_no_course_route():
@@ -179,3 +199,26 @@ def test_a_resident_task_trains_each_epoch_the_driver_opens_with_its_replica_kep
     assert all(r["samples"] == len(linear_data[0]) and r["steps"] > 0 for r in reports)
     for got, want in zip(store.center(), after_first, strict=True):
         np.testing.assert_array_equal(got, want)  # the second epoch at rate 0 moved nothing
+
+
+def test_validation_overlaps_the_next_epoch_only_where_no_callback_can_change_it(monkeypatch):
+    import keras
+
+    passive = [keras.callbacks.CSVLogger(os.devnull), keras.callbacks.ModelCheckpoint("m.keras"),
+               keras.callbacks.History()]
+    assert resident.overlaps_validation(None, inside_saves=False) is None
+    assert resident.overlaps_validation(passive, inside_saves=False) is None
+    assert resident.overlaps_validation(passive, inside_saves=True) == "BackupAndRestore saves inside the epochs"
+    for callback in (keras.callbacks.EarlyStopping(), keras.callbacks.ReduceLROnPlateau(),
+                     keras.callbacks.LearningRateScheduler(lambda e, lr: lr), keras.callbacks.TerminateOnNaN(),
+                     keras.callbacks.LambdaCallback()):
+        assert resident.overlaps_validation([*passive, callback], inside_saves=False) == (
+            f"the callback {type(callback).__name__} may change the next epoch")
+
+    class Logger(keras.callbacks.CSVLogger):  # a subclass may do anything at an epoch's end
+        pass
+
+    assert "Logger may change" in resident.overlaps_validation([Logger(os.devnull)], inside_saves=False)
+    monkeypatch.setattr(resident, "OVERLAP_VALIDATION", False)
+    assert resident.overlaps_validation(None, inside_saves=False) == (
+        "elephant.fit.resident.OVERLAP_VALIDATION is False")
