@@ -38,6 +38,7 @@ in its own process and session, so that both are measured under the same load.
 Usage::
 
     python benchmarks/epoch_cost.py [--epochs 8] [--repeats 2] [--base DIR | --job-per-epoch] [--profile]
+        [--units 64] [--backend tensorflow|jax|torch]
 
 Writes ``benchmarks/results/epoch_cost.json`` (``--output`` names another stem).
 """
@@ -115,11 +116,15 @@ class Probe:
         probe = self
 
         class First(keras.callbacks.Callback):
+            probe = True
+
             def on_epoch_begin(self, epoch, logs=None):
                 probe.current = epoch
                 probe.mark("begin", epoch)
 
         class Last(keras.callbacks.Callback):
+            probe = True
+
             def on_epoch_end(self, epoch, logs=None):
                 probe.mark("end", epoch)
 
@@ -149,9 +154,15 @@ def install(probe: Probe):
             probe.mark("eval_end")
 
     loop.run_epoch, keras.Model.evaluate = timed_run_epoch, timed_evaluate
+    overlaps = getattr(loop, "overlaps_validation", None)  # a checkout before the validation's overlap has none
+    if overlaps is not None:  # the probe's own callbacks only read the clock: they leave the overlap as it would be
+        loop.overlaps_validation = lambda callbacks, *a, **k: overlaps(
+            [c for c in callbacks or () if not getattr(c, "probe", False)], *a, **k)
 
     def undo():
         loop.run_epoch, keras.Model.evaluate = run_epoch, evaluate
+        if overlaps is not None:
+            loop.overlaps_validation = overlaps
 
     return undo
 
@@ -174,14 +185,14 @@ def breakdown(marks: dict, next_begin: float) -> dict[str, float]:
     return row
 
 
-def timed_fit(spark, data, workers: int, epochs: int, batch_size: int, lr: float = 1e-3) -> dict:
+def timed_fit(spark, data, workers: int, epochs: int, batch_size: int, lr: float = 1e-3, units: int = 64) -> dict:
     from elephant import SparkModel
 
     x_train, x_val, y_train, y_val = data
     probe = Probe()
     undo = install(probe)
     try:
-        sm = SparkModel(build(lr=lr), num_workers=workers, frequency="epoch", spark=spark)
+        sm = SparkModel(build(units, lr=lr), num_workers=workers, frequency="epoch", spark=spark)
         t_call = time.time()
         sm.fit(x_train, y_train, epochs=epochs, batch_size=batch_size, validation_data=(x_val, y_val),
                verbose=0, callbacks=list(probe.callbacks()))
@@ -194,7 +205,7 @@ def timed_fit(spark, data, workers: int, epochs: int, batch_size: int, lr: float
             "fit_end": t_return - probe.epochs[epochs - 1]["end"], "fit_seconds": t_return - t_call}
 
 
-def plain_keras(data, epochs: int, batch_size: int) -> list[float]:
+def plain_keras(data, epochs: int, batch_size: int, units: int = 64) -> list[float]:
     import keras
 
     x_train, x_val, y_train, y_val = data
@@ -204,7 +215,7 @@ def plain_keras(data, epochs: int, batch_size: int) -> list[float]:
         def on_epoch_begin(self, epoch, logs=None):
             marks.append(time.time())
 
-    model = build()
+    model = build(units)
     model.fit(x_train, y_train, epochs=epochs, batch_size=batch_size, validation_data=(x_val, y_val), verbose=0,
               callbacks=[Clock()])
     marks.append(time.time())
@@ -247,11 +258,13 @@ def child(args) -> dict:
     spark = local_session("local[2]", "elephant-bench-epoch-cost")
     spark.sparkContext.setLogLevel("ERROR")
     data = digits_split()
-    timed_fit(spark, data, 2, 2, args.batch_size)  # warm-up: both Python workers, the replicas, the driver's traces
+    timed_fit(spark, data, 2, 2, args.batch_size, units=args.units)  # warm-up: both Python workers, the replicas, the driver's traces
     out = {"elephant": shown(os.path.dirname(os.path.dirname(elephant.__file__))), "load_at_start": os.getloadavg(),
-           "keras_epochs": plain_keras(data, args.epochs, args.batch_size), "fits": []}
+           "keras_epochs": plain_keras(data, args.epochs, args.batch_size, args.units), "fits": [],
+           "backend": os.environ.get("KERAS_BACKEND", "tensorflow")}
     for i, workers in enumerate(args.workers):  # each fit at its own learning rate, as the trials of a sweep
-        out["fits"].append(timed_fit(spark, data, workers, args.epochs, args.batch_size, lr=1e-3 * (2 + i)))
+        out["fits"].append(timed_fit(spark, data, workers, args.epochs, args.batch_size, lr=1e-3 * (2 + i),
+                                     units=args.units))
     if args.profile:
         out["profile"] = profile_fit(spark, data, 1, args.epochs, args.batch_size)
     out["load_at_end"] = os.getloadavg()
@@ -306,6 +319,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", default="1,2", type=lambda s: [int(w) for w in s.split(",")])
+    parser.add_argument("--units", type=int, default=64,
+                        help="the hidden layer's width (64: 4.8k parameters; 16384: 1.2M, a model of 4.8 MB)")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"),
+                        help="Keras' backend in the measuring processes (default: KERAS_BACKEND, else tensorflow)")
     parser.add_argument("--repeats", type=int, default=2, help="processes per checkout, alternating")
     parser.add_argument("--base", help="another checkout of elephant to measure side by side ('base')")
     parser.add_argument("--profile", action="store_true", help="one more fit under cProfile on the driver")
@@ -315,7 +332,9 @@ def main() -> None:
                              "False), alternating with its fit as one job")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    passed = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+    if args.backend:
+        os.environ["KERAS_BACKEND"] = args.backend  # the children's, and their Spark workers'
+    passed = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--units", str(args.units),
               "--workers", ",".join(map(str, args.workers))] + (["--profile"] if args.profile else [])
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -344,6 +363,7 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nload average {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} cpus)")
     meta = {"epochs": args.epochs, "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
+            "units": args.units, "backend": os.environ.get("KERAS_BACKEND", "tensorflow"),
             "checkouts": {label: shown(path) for label, path in checkouts.items()}, "load_average_before": load_before, "load_average_after": load_after,
             "cpus": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "note": "a shared machine: other processes ran during the measurements, so times are noisy"}
