@@ -22,23 +22,21 @@ the ramp of that factor.
 The head is :data:`HEAD_STEPS` steps at most and half of a worker's pass at most
 (a short epoch keeps most of its steps on the workers); it costs the driver those
 steps of plain training (on a copy kept per model structure, traced once:
-:func:`train_head`), and, for data in Spark, one more Spark job over the cached
+:mod:`elephant.fit.copies`), and, for data in Spark, one more Spark job over the cached
 training data (numpy input: the driver reads its own broadcasts).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from elephant import data as D
 from elephant.fit.backup import built_optimizer
+from elephant.fit.copies import copy_state
 from elephant.stream import first_rows, pass_blocks
 
 log = logging.getLogger(__name__)
@@ -123,63 +121,23 @@ class HeldState:
 
 
 def train_head(model, parts: Iterable[tuple], steps: int, batch_size: int, global_batch: int | None = None,
-               structure: str = "") -> int:
+               trainer=None) -> int:
     """Train the compiled ``model`` with its own optimizer on the head's global batches (:func:`global_batches` of
     each partition's head rows, ``batch_size`` the workers' batch, ``global_batch`` the user's); returns the steps
     trained.
 
-    With a ``structure`` (:func:`elephant.fit.loop.replica_structure`) the steps run on a copy of the model kept for
-    that structure, whose train step an earlier fit traced: it takes the model's weights and optimizer state, trains,
-    and gives them back, so that a sweep's trials and a notebook's new models skip the trace (``""``: the model
-    itself)."""
+    ``trainer``: a copy of the model that holds its weights and optimizer state (:func:`elephant.fit.copies.take`,
+    whose train step an earlier fit of the structure traced): the steps run on it, and the model takes its weights and
+    optimizer state after them (None: the steps run on the model itself)."""
     parts = [p for p in parts if p and D.num_samples(p[0]) > 0]
     t0 = time.perf_counter()
-    trainer = _take_replica(model, structure) if structure else model
     trained = 0
-    try:
-        for batch in global_batches(parts, steps, batch_size, global_batch):
-            x, y, w = D.unpack(batch)
-            trainer.train_on_batch(x, y, sample_weight=w)
-            trained += 1
-        if trainer is not model:
-            _copy_state(trainer, model)
-    finally:
-        if trainer is not model:
-            _give_back(structure, trainer)
+    for batch in global_batches(parts, steps, batch_size, global_batch):
+        x, y, w = D.unpack(batch)
+        (trainer or model).train_on_batch(x, y, sample_weight=w)
+        trained += 1
+    if trainer is not None:
+        copy_state(trainer, model)
     log.info("the first %d steps of the first epoch trained on the driver on the global batch (%.2fs); the "
              "workers train the rest of it", trained, time.perf_counter() - t0)
     return trained
-
-
-_REPLICAS: OrderedDict[str, Any] = OrderedDict()  # structure -> a compiled copy no running fit holds
-_REPLICAS_SIZE = 2
-_REPLICAS_LOCK = threading.Lock()  # a sweep runs fits in threads: each takes a replica of its own
-
-
-def _take_replica(model, structure: str):
-    """A compiled copy of ``model`` for ``structure`` (an idle one kept from an earlier fit, else a new one),
-    holding ``model``'s weights and optimizer state."""
-    from elephant.model_io import model_from_bytes, model_to_bytes
-
-    with _REPLICAS_LOCK:
-        replica = _REPLICAS.pop(structure, None)
-    if replica is None:
-        replica = model_from_bytes(model_to_bytes(model))
-        built_optimizer(replica)
-    _copy_state(model, replica)
-    return replica
-
-
-def _give_back(structure: str, replica) -> None:
-    with _REPLICAS_LOCK:
-        _REPLICAS[structure] = replica
-        while len(_REPLICAS) > _REPLICAS_SIZE:
-            _REPLICAS.popitem(last=False)
-
-
-def _copy_state(source, target) -> None:
-    """``target`` holds ``source``'s weights and optimizer variables (two models of one structure)."""
-    target.set_weights(source.get_weights())
-    for variable, value in zip(target.optimizer.variables, built_optimizer(source).variables, strict=True):
-        variable.assign(value)
-

@@ -25,6 +25,7 @@ from elephant import data as D
 from elephant import framework, session
 from elephant.config import FitArgs, Settings
 from elephant.errors import ConfigError
+from elephant.fit import copies
 from elephant.fit.backup import (MidEpochBackup, built_optimizer, in_callback_order, resume_from_backup, save_backup,
                                  save_inside)
 from elephant.fit.epoch import run_epoch
@@ -253,12 +254,17 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     head = plan.head_steps if initial_epoch == args.initial_epoch and resume.positions is None else 0
     built_optimizer(model)  # its archive holds every optimizer variable: a shared replica starts from them
     structure = replica_structure(model, custom_objects)
+    # a copy of the model kept for its structure, traced by an earlier fit: the head trains and the passes validate on it
+    kept_as = structure  # the workers' key below may add what their replicas change
+    kept = copies.take(model, kept_as) if structure and (head or isinstance(validate, Validation)) else None
+    if kept is not None and isinstance(validate, Validation):
+        validate.evaluate_on(kept)
     held = HeldState(model) if head else None  # given back if the fit fails before its first epoch ends
     if head:  # before the store and the archive: the workers start from its weights and optimizer state
         order_key = (key or run) if args.shuffle else None
         try:
             train_head(model, runner.head_rows(order_key, initial_epoch, head, plan.worker_batch_size, buffer), head,
-                       plan.worker_batch_size, plan.head_batch_size, structure)
+                       plan.worker_batch_size, plan.head_batch_size, kept)
         except BaseException:
             held.restore()
             raise
@@ -407,6 +413,8 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
     finally:
         if validate is not None:
             validate.close()
+        if kept is not None:
+            copies.give_back(kept_as, kept)
     _keep_server_record(report, store)
     return history
 

@@ -59,15 +59,16 @@ def epoch_iterator_class(backend: str) -> tuple[type, bool] | None:
 _WARM_BACKENDS = ("tensorflow", "torch")
 
 
-def warms_up(model, backend: str) -> bool:
+def warms_up(model, backend: str, on_copy: bool = False) -> bool:
     """Whether a validation pass may run during an epoch's job.
 
-    Only under :data:`_WARM_BACKENDS`, and only where the model's ``test_step``
+    Only under :data:`_WARM_BACKENDS` (any backend ``on_copy``: the passes run on a copy of the model, whose
+    weights each pass sets first), and only where the model's ``test_step``
     is Keras' own: one written by the user might change state beyond the
     metrics (a counter, a variable), which a pass whose logs are dropped must not do.
     """
     owner = next((c for c in type(model).__mro__ if "test_step" in vars(c)), None)
-    return backend in _WARM_BACKENDS and owner is not None and owner.__module__.startswith("keras.")
+    return (on_copy or backend in _WARM_BACKENDS) and owner is not None and owner.__module__.startswith("keras.")
 
 
 class Validation:
@@ -81,11 +82,12 @@ class Validation:
     """
 
     def __init__(self, model, data: Sequence[Any], batch_size: int | None, backend: str):
-        self.model, self.batch_size = model, batch_size
+        self.model, self.batch_size, self.backend = model, batch_size, backend
         self.x, self.y = data[0], data[1]
         self.sample_weight = data[2] if len(data) > 2 else None
         self._found = epoch_iterator_class(backend)
         self._warms = warms_up(model, backend)
+        self._copy = None  # a copy of the model the passes run on (evaluate_on)
         self._iterator = None
         self._warming: threading.Thread | None = None
         if self._found is None:
@@ -99,6 +101,12 @@ class Validation:
                                  steps_per_epoch=None, shuffle=False,
                                  steps_per_execution=self.model.steps_per_execution, **extra)
         return self._iterator
+
+    def evaluate_on(self, copy) -> None:
+        """Run the passes on ``copy``, a compiled copy of the model kept per structure (:mod:`elephant.fit.copies`),
+        whose test step an earlier fit traced: each pass sets the model's weights into it first."""
+        self._copy = copy
+        self._warms = warms_up(self.model, self.backend, on_copy=True)
 
     def warm_up(self) -> None:
         """Build the iterator and trace the test step in a thread, once per fit, if :func:`warms_up` allows.
@@ -132,6 +140,9 @@ class Validation:
 
     def _evaluate(self) -> dict[str, float]:
         model = self.model
+        if self._copy is not None:
+            self._copy.set_weights(model.get_weights())
+            model = self._copy
         if self._found is None:
             logs = model.evaluate(self.x, self.y, sample_weight=self.sample_weight, batch_size=self.batch_size,
                                   verbose=0, return_dict=True)

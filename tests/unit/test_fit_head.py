@@ -109,41 +109,40 @@ def test_the_head_trains_what_plain_keras_trains_on_the_global_batches():
 def test_heads_of_one_structure_train_on_one_kept_copy_as_each_model_itself_would():
     """A sweep's trials and a notebook's new models: the head trains a copy kept for the structure, traced once,
     and each model ends with the very weights and optimizer state it would have trained itself."""
+    from elephant.fit import copies
     from elephant.fit.loop import replica_structure
 
     x, y = _data(48)
     parts = [(x[:24], y[:24]), (x[24:], y[24:])]
-    H._REPLICAS.clear()
-    copies = []
+    copies._KEPT.clear()
+    taken = []
     for seed, rate in ((0, 1e-2), (1, 3e-2)):
         model, itself = _model(seed, keras.optimizers.Adam(rate)), _model(seed, keras.optimizers.Adam(rate))
         structure = replica_structure(model, None)
-        H.train_head(model, parts, steps=3, batch_size=4, structure=structure)
+        copy = copies.take(model, structure)
+        H.train_head(model, parts, steps=3, batch_size=4, trainer=copy)
+        copies.give_back(structure, copy)
         H.train_head(itself, parts, steps=3, batch_size=4)
-        copies.append(H._REPLICAS[structure])
-        assert copies[-1] is not model
+        taken.append(copy)
         for a, b in zip(model.get_weights(), itself.get_weights(), strict=True):
             np.testing.assert_array_equal(a, b)
         for a, b in zip(model.optimizer.variables, itself.optimizer.variables, strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert model.train_function is None  # the model itself was never traced
-    assert copies[0] is copies[1] and len(H._REPLICAS) == 1  # the second fit's head reused the first's copy
+    assert taken[0] is taken[1] and len(copies._KEPT) == 1  # the second fit's head trained the first's copy
 
 
-def test_a_head_that_fails_gives_its_copy_back_and_leaves_the_model_as_it_was():
+def test_fits_that_run_at_once_take_copies_of_their_own():
+    from elephant.fit import copies
     from elephant.fit.loop import replica_structure
 
-    x, y = _data(48)
     model = _model(2)
     structure = replica_structure(model, None)
-    H._REPLICAS.clear()
-    before = model.get_weights()
-    bad = [(x[:24, :2], y[:24])]  # features of the wrong width: the copy's first step fails
-    with pytest.raises(ValueError):
-        H.train_head(model, bad, steps=3, batch_size=4, structure=structure)
-    assert structure in H._REPLICAS  # a later fit takes it
-    for a, b in zip(model.get_weights(), before, strict=True):
-        np.testing.assert_array_equal(a, b)
+    copies._KEPT.clear()
+    first, second = copies.take(model, structure), copies.take(model, structure)
+    assert first is not second and first is not model
+    copies.give_back(structure, first)
+    assert copies.take(_model(3), structure) is first
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

@@ -86,3 +86,24 @@ def test_no_warm_up_for_a_test_step_of_the_user():
     model = Counting([keras.Input((4,)), keras.layers.Dense(3)])
     assert not warms_up(model, "tensorflow")
     assert warms_up(_model(), "tensorflow") and warms_up(_model(), "torch")
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_passes_on_a_kept_copy_give_the_models_own_logs_and_warm_up_under_any_backend(weights):
+    """The passes run on a copy kept for the model's structure (elephant.fit.copies), which takes the model's weights
+    first: the logs are model.evaluate's of the model, epoch after epoch, and the copy may warm up under JAX too."""
+    from elephant.fit import copies
+    from elephant.fit.loop import replica_structure
+
+    model, data = _model(), _data(weights=weights)
+    copy = copies.take(model, replica_structure(model, None))
+    validate = Validation(model, data, None, keras.backend.backend())
+    validate.evaluate_on(copy)
+    assert validate._warms and warms_up(model, "jax", on_copy=True)
+    validate.warm_up()
+    for epoch in range(3):
+        validate.close()  # as the fit does before it sets the epoch's center
+        model.set_weights([w + 0.1 * epoch for w in model.get_weights()])
+        expected = model.evaluate(data[0], data[1], sample_weight=data[2] if weights else None, verbose=0,
+                                  return_dict=True)
+        assert validate() == {k: float(v) for k, v in expected.items()}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -238,13 +237,15 @@ def test_non_finite_score_is_a_failure():
 
 
 def test_trials_run_concurrently_up_to_parallelism():
-    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+    lock, state, three = threading.Lock(), {"now": 0, "peak": 0}, threading.Event()
 
     def objective(params, job):
         with lock:
             state["now"] += 1
             state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.3)
+            if state["now"] == 3:
+                three.set()
+        three.wait(timeout=60)  # the first trials hold until three run at once, however slow the machine
         with lock:
             state["now"] -= 1
         return {"score": params["x"]}
