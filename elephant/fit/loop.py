@@ -304,7 +304,7 @@ def _train(model, settings: Settings, args: FitArgs, runner: SparkSide, custom_o
         rate = settable_learning_rate(model.optimizer)
         job = runner.job(store, barrier)
         ahead = None  # the next epoch's (spec, store snapshot, samples applied), opened while the driver validates
-        overlap = isinstance(job, ResidentJob) and validate is not None and not isinstance(validate, SparkValidation)
+        overlap = isinstance(job, ResidentJob) and isinstance(validate, Validation)  # on the driver, as one job
         if overlap:
             why = overlaps_validation(args.callbacks, bool(inside))
             if why is not None:
