@@ -29,6 +29,7 @@ __all__ = [
     "num_samples",
     "take",
     "take_block",
+    "repeat_last",
     "split_numpy",
     "ordered_blocks",
     "concat_outputs",
@@ -106,6 +107,11 @@ def take(x: Any, index) -> Any:
     if x is None:
         return None
     return _map(x, lambda a: a[index])
+
+
+def repeat_last(x: Any, count: int) -> Any:
+    """``x`` with its last row repeated ``count`` more times, in every array."""
+    return _map(x, lambda a: np.concatenate([a, np.repeat(a[-1:], count, axis=0)]))
 
 
 def take_block(block: tuple, index) -> tuple:

@@ -144,7 +144,7 @@ def with_predictions(df, features_col: str | Sequence[str], prediction_col: str,
 
 
 #: Rows predicted per call in a DataFrame's Arrow UDF: Spark's Arrow batches (10,000 rows by
-#: default) are grouped up to this many, since each ``model.predict`` call has a fixed cost.
+#: default) are grouped up to this many, so that few batches are a group's short last one (padded).
 PREDICT_ROWS = 65536
 
 
@@ -159,25 +159,6 @@ def _grouped(columns: Any, rows: int) -> Any:
             group, count = [], 0
     if group:
         yield group
-
-
-def padded_predict(model: Any, x: np.ndarray, batch_size: int | None) -> Any:
-    """``model.predict(x)`` in whole batches: the rows are padded to a multiple of the batch
-    size and the padding's outputs dropped, so every call has the same batch shape and the
-    traced predict function is never traced again for a ragged last batch."""
-    from elephant.replicas import predict_block
-
-    size = batch_size or 32
-    n = len(x)
-    pad = (-n) % size
-    if pad:
-        x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], dtype=x.dtype)])
-    out = predict_block(model, x, size)
-    if isinstance(out, dict):
-        return {k: v[:n] for k, v in out.items()}
-    if isinstance(out, (list, tuple)):
-        return [v[:n] for v in out]
-    return out[:n]
 
 
 def _arrow_iter_udf(fn: Any, return_type: Any):
@@ -224,9 +205,9 @@ def _predict_rdd(rdd, spec, batch_size, expected_shapes):
 
 def _predict_dataframe(df, spec, batch_size, features_col, prediction_col):
     def predict(x):
-        from elephant.inference import padded_predict
+        from elephant.replicas import predict_block
 
-        return padded_predict(_model(spec), x, batch_size)  # _model is cached per Python worker
+        return predict_block(_model(spec), x, batch_size)  # _model is cached per Python worker
 
     return with_predictions(df, features_col, prediction_col, predict)
 
