@@ -1,10 +1,11 @@
 """DataFrames as numpy blocks, through Arrow: whole columns converted at once, never row by row.
 
 The JVM selects the feature, label and weight columns (Vectors turned into
-arrays by ``vector_to_array``), ``mapInArrow`` hands each Python task Arrow
-batches, and :func:`arrow_tensor` turns a column into one numpy array per
-batch. Blocks travel back as raw bytes with dtype/shape headers
-(:func:`pack_arrays`), never as pickles or Row objects.
+arrays by ``vector_to_array``) and writes them as Arrow record batches that
+each Python task reads (:func:`arrow_batches`; ``mapInArrow`` where the result
+must be a DataFrame, as under Spark Connect), and :func:`arrow_tensor` turns a
+column into one numpy array per batch. Never a Row object or a pickle per row.
+:func:`pack_arrays` writes arrays as raw bytes with dtype/shape headers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from elephant.data import checked_blocks
 from elephant.errors import DataError
 
-__all__ = ["arrow_block_reader", "arrow_tensor", "dataframe_blocks", "dataframe_columns", "pack_arrays",
+__all__ = ["arrow_batches", "arrow_block_reader", "arrow_tensor", "dataframe_blocks", "dataframe_columns", "pack_arrays",
            "selected_dataframe", "unpack_arrays"]
 
 
@@ -146,26 +147,46 @@ def dataframe_blocks(df, features_col: str | Sequence[str], label_col: str | Non
 
     ``features_col`` may name a Vector column, an array column or a scalar
     column, or be a list of scalar columns (stacked into one feature vector);
-    ``weight_col`` names a numeric column of sample weights. The rows reach
-    Python as Arrow batches (``mapInArrow``), each turned into one block by
-    whole-column operations and shipped on as one binary value; a partition
+    ``weight_col`` names a numeric column of sample weights. The JVM writes each
+    partition as Arrow record batches (``spark.sql.execution.arrow.maxRecordsPerBatch``
+    rows each), the Python task reads each into one block by whole-column
+    operations (its arrays are read-only views of the batch); a partition
     reaches its task as a stream of those blocks, never merged into one. No
-    Row object is made.
+    Row object is made and no Python stage runs before the task's own.
     """
     selected = selected_dataframe(df, features_col, label_col, weight_col)
     read = arrow_block_reader(features_col, label_col, weight_col)
+    schema = _arrow_schema(selected)
 
-    def to_blocks(batches):
+    def to_blocks(messages):
         import pyarrow as pa
 
-        for batch in batches:
+        for message in messages:
+            batch = pa.ipc.read_record_batch(pa.py_buffer(message), schema)
             if batch.num_rows:
-                yield pa.RecordBatch.from_arrays([pa.array([pack_arrays(read(batch))], pa.binary())], ["block"])
+                yield read(batch)
 
-    def unpacked(rows):
-        return checked_blocks(unpack_arrays(row[0]) for row in rows)
+    return arrow_batches(selected).mapPartitions(lambda messages: checked_blocks(to_blocks(messages)))
 
-    return selected.mapInArrow(to_blocks, "block binary").rdd.mapPartitions(unpacked)
+
+def arrow_batches(df):
+    """A classic DataFrame's partitions as an RDD of serialized Arrow record batches (IPC messages without
+    their schema), written by the JVM as ``toPandas`` writes them: the rows never pass through a Python stage
+    of their own, and no Row object is made."""
+    from pyspark.rdd import RDD
+    from pyspark.serializers import NoOpSerializer
+
+    return RDD(df._jdf.toArrowBatchRdd().toJavaRDD(), df.sparkSession.sparkContext, NoOpSerializer())
+
+
+def _arrow_schema(df) -> Any:
+    """The Arrow schema of the batches the JVM writes for ``df`` (large string and binary types where the
+    session asks for them, pyspark 4)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false").lower() == "true":
+        return to_arrow_schema(df.schema, prefers_large_types=True)
+    return to_arrow_schema(df.schema)
 
 
 _NUMERIC = ("IntegerType", "LongType", "FloatType", "DoubleType", "ShortType", "ByteType", "DecimalType")
