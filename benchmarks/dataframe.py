@@ -14,6 +14,9 @@ on 2 workers:
   out), after a warm-up of both paths on 5,000 rows; and a ``noop`` write of
   the features column with no model, the floor of any DataFrame path.
 
+Each is measured ``--repeats`` times (3), the paths alternating; the median run
+is reported, with every run's seconds beside it.
+
 Reported: seconds, ratios DataFrame / numpy, the test accuracy of each fit,
 and the driver's peak resident memory while the DataFrame is fitted (the
 driver must not hold the dataset). Writes ``benchmarks/results/dataframe.json``.
@@ -107,6 +110,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--vector", action="store_true", help="also fit from a VectorAssembler column")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the median is reported")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
 
@@ -135,27 +139,38 @@ def main() -> None:
         # start the Python workers, import TensorFlow and warm the JVM's Parquet and Arrow paths before timing
         fit(x[:5000], y[:5000])
         fit(df.limit(5000))
-        sm, runs["fit numpy"] = fit(x, y)
-        _, runs["fit DataFrame"] = fit(df)
+        fits = {"fit numpy": lambda: fit(x, y), "fit DataFrame": lambda: fit(df)}
         if args.vector:
             from pyspark.ml.feature import VectorAssembler
             from pyspark.sql import functions as F
 
             wide = df.select(*[F.col("features")[i].alias(f"f{i}") for i in range(FEATURES)], "label")
             vectors = VectorAssembler(inputCols=[f"f{i}" for i in range(FEATURES)], outputCol="features").transform(wide)
-            _, runs["fit DataFrame (Vector)"] = fit(vectors.select("features", "label"))
+            fits["fit DataFrame (Vector)"] = lambda: fit(vectors.select("features", "label"))
+        models = {}
+        for _ in range(args.repeats):  # the paths alternate, so a slow spell of the machine hits each alike
+            for name, run in fits.items():
+                models[name], measured = run()
+                runs.setdefault(name, []).append(measured)
+        sm = models["fit numpy"]
+
         def noop(frame):
-            return timed(lambda: frame.write.format("noop").mode("overwrite").save())[1]
+            return {"seconds": timed(lambda: frame.write.format("noop").mode("overwrite").save())[1]}
 
         sm.predict(x[:5000], batch_size=1024)  # both paths warm: the workers' inference model is built
         noop(sm.predict(df.limit(5000).select("features"), batch_size=1024))
-        _, seconds = timed(lambda: sm.predict(x, batch_size=1024))
-        runs["predict numpy"] = {"seconds": seconds}
         predicted = sm.predict(df.select("features"), batch_size=1024)
-        runs["predict DataFrame"] = {"seconds": noop(predicted)}
-        runs["predict DataFrame (prediction only)"] = {"seconds": noop(predicted.select("prediction"))}
-        runs["scan DataFrame (no model)"] = {"seconds": noop(df.select("features"))}
+        predicts = {"predict numpy": lambda: {"seconds": timed(lambda: sm.predict(x, batch_size=1024))[1]},
+                    "predict DataFrame": lambda: noop(predicted),
+                    "predict DataFrame (prediction only)": lambda: noop(predicted.select("prediction")),
+                    "scan DataFrame (no model)": lambda: noop(df.select("features"))}
+        for _ in range(args.repeats):
+            for name, run in predicts.items():
+                runs.setdefault(name, []).append(run())
     spark.stop()
+    for name, measured in runs.items():  # each figure the median run's, every run's seconds kept beside it
+        ordered = sorted(measured, key=lambda m: m["seconds"])
+        runs[name] = {**ordered[len(ordered) // 2], "runs_seconds": [m["seconds"] for m in measured]}
 
     base_fit, base_predict = runs["fit numpy"]["seconds"], runs["predict numpy"]["seconds"]
     for name, run in runs.items():
