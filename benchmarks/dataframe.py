@@ -15,7 +15,10 @@ on 2 workers:
   the features column with no model, the floor of any DataFrame path.
 
 Each is measured ``--repeats`` times (3), the paths alternating; the median run
-is reported, with every run's seconds beside it.
+is reported, with every run's seconds beside it. ``--base DIR`` measures another
+checkout of elephant side by side (``git archive <commit> | tar -x -C DIR``): a
+process per checkout and repeat, alternating, each importing its checkout's
+elephant, and reports this checkout's seconds over the base's.
 
 Reported: seconds, ratios DataFrame / numpy, the test accuracy of each fit,
 and the driver's peak resident memory while the DataFrame is fitted (the
@@ -25,6 +28,7 @@ Usage::
 
     python benchmarks/dataframe.py                 # 1M rows
     python benchmarks/dataframe.py --rows 200000   # quicker
+    python benchmarks/dataframe.py --base DIR --base-label COMMIT --tag base   # against another checkout
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +49,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
 FEATURES, CLASSES = 40, 10
 
 
@@ -104,16 +110,9 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--vector", action="store_true", help="also fit from a VectorAssembler column")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the median is reported")
-    parser.add_argument("--tag", default="")
-    args = parser.parse_args()
-
+def measure(args) -> dict:
+    """Every run of every measurement, in this process, and where the driver's and the tasks' elephant come from."""
+    import elephant
     from elephant import SparkModel
     from elephant.session import local_session
 
@@ -121,8 +120,10 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     x, y = make_data(args.rows)
     x_test, y_test = make_data(20_000, seed=1)  # the same task, other samples
-    results = {"rows": args.rows, "workers": args.workers, "batch_size": args.batch_size,
-               "machine": platform.platform(), "cpus": os.cpu_count(), "runs": {}}
+    runs: dict[str, list[dict]] = {}
+    where = {"elephant": os.path.dirname(elephant.__file__),
+             "task_elephant": spark.sparkContext.parallelize([0], 1).map(
+                 lambda _: os.path.dirname(__import__("elephant").__file__)).first()}
 
     def accuracy(model):
         return float(np.mean(np.argmax(model.predict(x_test, batch_size=4096, verbose=0), axis=1) == y_test))
@@ -135,7 +136,6 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         df = write_parquet(spark, x, y, os.path.join(tmp, "data.parquet"))
-        runs = results["runs"]
         # start the Python workers, import TensorFlow and warm the JVM's Parquet and Arrow paths before timing
         fit(x[:5000], y[:5000])
         fit(df.limit(5000))
@@ -168,17 +168,77 @@ def main() -> None:
             for name, run in predicts.items():
                 runs.setdefault(name, []).append(run())
     spark.stop()
-    for name, measured in runs.items():  # each figure the median run's, every run's seconds kept beside it
-        ordered = sorted(measured, key=lambda m: m["seconds"])
-        runs[name] = {**ordered[len(ordered) // 2], "runs_seconds": [m["seconds"] for m in measured]}
+    return {"runs": runs, **where}
 
-    base_fit, base_predict = runs["fit numpy"]["seconds"], runs["predict numpy"]["seconds"]
-    for name, run in runs.items():
+
+def summary(runs: dict[str, list[dict]], label: str = "") -> dict[str, dict]:
+    """Each measurement's median run, every run's seconds beside it, and its ratio to the numpy path; printed."""
+    out = {}
+    for name, measured in runs.items():
+        ordered = sorted(measured, key=lambda m: m["seconds"])
+        out[name] = {**ordered[len(ordered) // 2], "runs_seconds": [m["seconds"] for m in measured]}
+    base_fit, base_predict = out["fit numpy"]["seconds"], out["predict numpy"]["seconds"]
+    for name, run in out.items():
         base = base_fit if name.startswith("fit") else base_predict  # the scan: a floor, against predict
         run["ratio"] = run["seconds"] / base
         extra = f", accuracy {run['accuracy']:.3f}, driver peak {run['driver_peak_rss_mb']:.0f} MB" if "accuracy" in run else ""
-        print(f"{name:24s} {run['seconds']:7.2f} s  {run['ratio']:5.2f}x{extra}", flush=True)
-    results["rows_per_s_predict"] = {k: args.rows / v["seconds"] for k, v in runs.items() if k.startswith("predict")}
+        print(f"{label}{name:24s} {run['seconds']:7.2f} s  {run['ratio']:5.2f}x{extra}", flush=True)
+    return out
+
+
+def run_child(path: str, argv: list[str]) -> dict:
+    """:func:`measure` in a new process that imports the elephant at ``path``, run from ``path``: Spark starts its
+    Python workers with ``python -m``, which puts their working directory, the driver's, first on their path."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *argv], cwd=path,
+                          env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"the measurement with {path} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--vector", action="store_true", help="also fit from a VectorAssembler column")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the median is reported")
+    parser.add_argument("--base", help="another checkout of elephant, measured side by side ('base')")
+    parser.add_argument("--base-label", default="", help="what the results call the base (its commit, say)")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(measure(args)), flush=True)
+        return
+
+    results = {"rows": args.rows, "workers": args.workers, "batch_size": args.batch_size,
+               "machine": platform.platform(), "cpus": os.cpu_count()}
+    if not args.base:
+        results["runs"] = summary(measure(args)["runs"])
+    else:  # a process per checkout and repeat, alternating, each measuring every path once
+        checkouts = {"base": os.path.abspath(args.base), "this": str(ROOT)}
+        argv = ["--rows", str(args.rows), "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+                "--repeats", "1"] + (["--vector"] if args.vector else [])
+        runs: dict[str, dict[str, list[dict]]] = {label: {} for label in checkouts}
+        for _ in range(args.repeats):
+            for label, path in checkouts.items():
+                child = run_child(path, argv)
+                imported = {child["elephant"], child["task_elephant"]}
+                if imported != {os.path.join(path, "elephant")}:
+                    raise SystemExit(f"the {label} measurement imported elephant from {sorted(imported)}, not {path}")
+                for name, measured in child["runs"].items():
+                    runs[label].setdefault(name, []).extend(measured)
+        results["base"] = args.base_label or os.path.basename(checkouts["base"].rstrip(os.sep))
+        results["checkouts"] = {label: {"runs": summary(runs[label], f"{label}: ")} for label in checkouts}
+        this, base = (results["checkouts"][label]["runs"] for label in ("this", "base"))
+        results["this_over_base"] = {name: this[name]["seconds"] / base[name]["seconds"] for name in this if name in base}
+        for name, ratio in results["this_over_base"].items():
+            print(f"this / base  {name:24s} {ratio:5.2f}x", flush=True)
+    if "runs" in results:
+        results["rows_per_s_predict"] = {k: args.rows / v["seconds"] for k, v in results["runs"].items()
+                                         if k.startswith("predict")}
     out = Path(__file__).parent / "results" / f"dataframe{'_' + args.tag if args.tag else ''}.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

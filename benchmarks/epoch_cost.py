@@ -273,8 +273,10 @@ def child(args) -> dict:
 
 
 def run_child(path: str, argv: list[str]) -> dict:
+    """One child's measurements, with the elephant at ``path``, run from ``path``: Spark starts its Python workers
+    with ``python -m``, which puts their working directory, the driver's, first on their path."""
     env = dict(os.environ, PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *argv], env=env,
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *argv], env=env, cwd=path,
                           capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
