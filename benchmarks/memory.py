@@ -63,6 +63,13 @@ KINDS = ("python_worker", "python_daemon", "executor_jvm", "driver_jvm", "driver
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _shown(path: str) -> str:
+    """Which elephant a process imported, as the results show it: relative to this checkout's root, else its
+    last three path parts (never this machine's paths)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else os.path.join(*resolved.parts[-3:])
+
+
 # ------------------------------------------------------------------ the data
 
 
@@ -330,7 +337,7 @@ def measure(path: str, mode: str, master: str, batch_size: int, interval: float)
         "task_commits": sum(t.get("commits", 0) for t in tasks),
         "commits_applied": len(ledger),
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-        "processes": procs, "cached": cached, "elephant": elephant.__file__, "task_elephant": task_elephant,
+        "processes": procs, "cached": cached, "elephant": _shown(elephant.__file__), "task_elephant": _shown(task_elephant),
     }
 
 
