@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +49,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from checkouts import run_child  # noqa: E402
+
 FEATURES, CLASSES = 40, 10
 
 
@@ -186,17 +189,6 @@ def summary(runs: dict[str, list[dict]], label: str = "") -> dict[str, dict]:
     return out
 
 
-def run_child(path: str, argv: list[str]) -> dict:
-    """:func:`measure` in a new process that imports the elephant at ``path``, run from ``path``: Spark starts its
-    Python workers with ``python -m``, which puts their working directory, the driver's, first on their path."""
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *argv], cwd=path,
-                          env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise SystemExit(f"the measurement with {path} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -224,7 +216,7 @@ def main() -> None:
         runs: dict[str, dict[str, list[dict]]] = {label: {} for label in checkouts}
         for _ in range(args.repeats):
             for label, path in checkouts.items():
-                child = run_child(path, argv)
+                child = run_child(__file__, path, argv)
                 imported = {child["elephant"], child["task_elephant"]}
                 if imported != {os.path.join(path, "elephant")}:
                     raise SystemExit(f"the {label} measurement imported elephant from {sorted(imported)}, not {path}")

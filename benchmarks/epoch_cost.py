@@ -50,12 +50,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from checkouts import run_child  # noqa: E402
 
 
 def shown(path: str) -> str:
@@ -272,18 +274,6 @@ def child(args) -> dict:
     return out
 
 
-def run_child(path: str, argv: list[str]) -> dict:
-    """One child's measurements, with the elephant at ``path``, run from ``path``: Spark starts its Python workers
-    with ``python -m``, which puts their working directory, the driver's, first on their path."""
-    env = dict(os.environ, PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *argv], env=env, cwd=path,
-                          capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"the measurement with elephant from {path} failed:\n{proc.stderr[-4000:]}")
-
-
 def summarise(runs: list[dict]) -> dict:
     """Median seconds of each part over the steady epochs (all but the first) of every run, per worker count."""
     summary: dict = {"keras epoch": statistics.median(s for r in runs for s in r["keras_epochs"][1:])}
@@ -348,7 +338,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {label: [] for label in checkouts}
     for repeat in range(args.repeats):
         for label, path in (checkouts.items() if repeat % 2 == 0 else reversed(checkouts.items())):
-            result = run_child(path, passed + (["--job-per-epoch"] if label == "per epoch" else []))
+            result = run_child(__file__, path, passed + (["--job-per-epoch"] if label == "per epoch" else []))
             runs[label].append(result)
             fits = ", ".join(f"{f['workers']}w {statistics.median(r['total'] for r in f['epochs'][1:]):.3f}s"
                              for f in result["fits"])
