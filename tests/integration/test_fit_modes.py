@@ -80,8 +80,8 @@ def test_early_stopping_stops_the_fit(spark, digits):
 
 
 @pytest.mark.parametrize("mode, one_job", [("asynchronous", True), ("synchronous", True), ("asynchronous", False)])
-def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_data_cached_once(spark, digits, mode, one_job,
-                                                                              monkeypatch):
+def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_blocks_shipped_once(spark, digits, mode, one_job,
+                                                                                 monkeypatch):
     from elephant.fit import resident
 
     monkeypatch.setattr(resident, "ONE_JOB", one_job)
@@ -95,17 +95,17 @@ def test_a_fits_epochs_run_as_one_spark_job_or_one_each_over_data_cached_once(sp
     during = []
     watch = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: during.append(sc._jsc.getPersistentRDDs().size()))
     sm.fit(x_train, y_train, epochs=3, batch_size=32, verbose=0, callbacks=[watch])
-    assert during == [persisted + 1] * 3  # the training blocks stay cached across epochs
+    assert during == [persisted] * 3  # numpy shards travel as broadcasts, read once per Python worker: no cache
     assert sm.fit_plan.get("one_job", False) is one_job
     jobs = sc.statusTracker().getJobIdsForGroup(sm.job_group)  # every job of the fit, from its start
     assert len(jobs) == (1 if one_job else 3)  # numpy input: the driver reads its head's rows without a job
     stages = [sc.statusTracker().getJobInfo(j).stageIds for j in sorted(jobs)]
-    assert all(len(s) == 1 for s in stages)  # no shuffle: each job is one stage over the cached blocks
+    assert all(len(s) == 1 for s in stages)  # no shuffle: each job is one stage over the shipped blocks
     assert sm.last_metrics["commits_applied" if mode == "asynchronous" else "rounds_applied"] == (6 if mode == "asynchronous" else 3)
     # each partition's optimizer state: new in the first epoch, then kept by the task (one job) or by its process
     states = [sorted(epoch.values()) for epoch in sm.last_report.optimizer_states]
     assert states[0] == ["new", "new"] and (not one_job or states[1:] == [["kept", "kept"]] * 2)
-    assert sc._jsc.getPersistentRDDs().size() == persisted  # the cached blocks are released after the fit
+    assert sc._jsc.getPersistentRDDs().size() == persisted
 
 
 def test_one_job_trains_what_a_job_per_epoch_trains_to_the_bit(spark, digits, monkeypatch):
