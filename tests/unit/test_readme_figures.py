@@ -17,6 +17,8 @@ import re
 
 import pytest
 
+from tests.unit.helpers import benchmark
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -52,12 +54,14 @@ def _worker_start():
 def _spark_default_time_ratios():
     """The latest Spark run of the two defaults on the small workloads: each default's time over plain Keras' at 2
     workers, mean of its seeds, per workload."""
+    time_ratio = benchmark("convergence").time_ratio
     rows = _json("convergence_spark_v4_s012.json")["rows"]
-    plain = {(r["workload"], r["seed"]): r["wall"] for r in rows if r["config"] == "plain"}
+    plain = {(r["workload"], r["seed"]): r for r in rows if r["config"] == "plain"}
     ratios: dict[tuple, list[float]] = {}
     for r in rows:
         if r["config"] != "plain" and r["workers"] == 2:
-            ratios.setdefault((r["workload"], r["config"]), []).append(r["seconds"] / plain[r["workload"], r["seed"]])
+            ratio, _, _ = time_ratio(r, plain[r["workload"], r["seed"]])
+            ratios.setdefault((r["workload"], r["config"]), []).append(ratio)
     return [sum(values) / len(values) for values in ratios.values()]
 
 
